@@ -1,0 +1,112 @@
+// The on-disk contract between `usrc link add` (tools/usrc) and the provider
+// (providers/usrc): where a device lives, its configuration file, and the
+// shared counters file. Nothing here depends on libibverbs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace usrc {
+
+// Every usrc device lives under one root, /run/usrc by default ($USRC_ROOT
+// overrides it). libibverbs is pointed at <root>/sys with SYSFS_PATH.
+std::string root_dir();                       // $USRC_ROOT or /run/usrc
+inline std::string sysfs_dir() { return root_dir() + "/sys"; }
+inline std::string ibdev_dir(const std::string &name) {
+  return sysfs_dir() + "/class/infiniband/" + name;
+}
+inline std::string counters_path(const std::string &name) {
+  return root_dir() + "/counters/" + name;
+}
+constexpr const char *kConfigFile = "usrc.conf";   // inside ibdev_dir(name)
+
+enum class LinkLayer { ib, roce };
+
+// What the provider needs to know about a device; written once by
+// `usrc link add` as key=value lines into ibdev_dir(name)/usrc.conf.
+struct DeviceConfig {
+  std::string name;             // ibdev name, e.g. usrc0
+  std::string netdev;           // bound network interface, e.g. lo
+  LinkLayer link_layer = LinkLayer::ib;
+  uint32_t ipv4 = 0;            // host byte order: the address the device binds
+  uint32_t prefix_len = 32;
+  uint16_t lid = 0;             // IB link layer: low 14 bits of ipv4 (see lid_for)
+  uint32_t active_mtu = 1024;   // bytes: netdev MTU minus headers, capped at 4096
+  uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
+  uint64_t node_guid = 0;       // host byte order
+  uint32_t gid_tbl_len = 1;
+
+  std::string serialize() const;
+  static std::optional<DeviceConfig> parse(const std::string &text,
+                                           std::string *err = nullptr);
+  static std::optional<DeviceConfig> load(const std::string &name,
+                                          std::string *err = nullptr);
+};
+
+// LID scheme (IB link layer): a port's LID is the low 14 bits of its IPv4
+// address, so a DLID resolves to an address in the sender's subnet with no
+// subnet manager and no lookup: ip = (local_ip & ~0x3fff) | dlid.
+// 0 means "this address has no valid LID".
+constexpr uint16_t lid_for(uint32_t ipv4) {
+  uint16_t lid = static_cast<uint16_t>(ipv4 & 0x3fffu);
+  return lid;
+}
+constexpr uint32_t ipv4_for_lid(uint32_t local_ipv4, uint16_t dlid) {
+  return (local_ipv4 & ~0x3fffu) | (dlid & 0x3fffu);
+}
+
+// QPN scheme: QPN = slot << 12 | index. The slot is a per-process number that
+// picks the process's UDP port (base_port + slot), so a sender derives the
+// destination port from the destination QPN. Slot 0 is never used, so QPN 0
+// and 1 (the IBA's special QPs) never occur.
+constexpr unsigned kQpnIndexBits = 12;
+constexpr uint32_t kMaxSlots = (1u << (24 - kQpnIndexBits)) - 1;   // 4095
+constexpr uint32_t kQpsPerSlot = 1u << kQpnIndexBits;              // 4096
+constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
+
+// Counters: one file per device, a header then an array of uint64_t that
+// every process using the device adds to (relaxed atomics).
+#define USRC_COUNTERS(X)                                                      \
+  X(tx_packets, "packets sent")                                               \
+  X(rx_packets, "packets received")                                           \
+  X(tx_bytes, "bytes sent (UDP payload)")                                     \
+  X(rx_bytes, "bytes received (UDP payload)")                                 \
+  X(retransmits, "request packets sent again (go-back-N)")                    \
+  X(timeouts, "Local ACK Timeout expiries")                                   \
+  X(duplicates, "duplicate request packets received (re-ACKed)")             \
+  X(seq_naks_sent, "PSN sequence error NAKs sent")                            \
+  X(seq_naks_rcvd, "PSN sequence error NAKs received")                        \
+  X(rnr_naks_sent, "RNR NAKs sent")                                           \
+  X(rnr_naks_rcvd, "RNR NAKs received")                                       \
+  X(other_naks_sent, "access/invalid-request NAKs sent")                      \
+  X(other_naks_rcvd, "access/invalid-request NAKs received")                  \
+  X(acks_sent, "ACK packets sent")                                            \
+  X(acks_rcvd, "ACK packets received")                                        \
+  X(retry_exceeded, "QPs failed with retry count exceeded")                   \
+  X(rnr_retry_exceeded, "QPs failed with RNR retry count exceeded")           \
+  X(malformed_drops, "packets dropped: malformed header or bad ICRC")         \
+  X(unknown_qp_drops, "packets dropped: no such QP, or QP not ready")         \
+  X(wrong_source_drops, "packets dropped: not from the QP's peer")            \
+  X(ghost_acks, "ACKs for PSNs never sent (dropped)")                         \
+  X(tx_errors, "packets the NIC refused to send")
+
+enum class Counter : uint32_t {
+#define USRC_X(name, doc) name,
+  USRC_COUNTERS(USRC_X)
+#undef USRC_X
+  count
+};
+constexpr uint32_t kNumCounters = static_cast<uint32_t>(Counter::count);
+const char *counter_name(Counter c);
+const char *counter_doc(Counter c);
+
+struct CountersFile {
+  static constexpr uint64_t kMagic = 0x5553524343544e31ull;   // "USRCCTN1"
+  uint64_t magic;
+  uint64_t count;               // number of counters that follow
+  uint64_t value[kNumCounters];
+};
+
+}  // namespace usrc

@@ -1,0 +1,29 @@
+// Every tunable of usrc, in one place. Each is read once from the
+// environment variable named in the table; README.md documents them.
+#pragma once
+#include <cstdint>
+
+namespace usrc {
+
+#define USRC_TUNABLES(X)                                                                   \
+  X(uint32_t, tx_window, "USRC_TX_WINDOW", 0,                                              \
+    "Max request packets in flight per QP (0: derived from the socket receive buffer)")    \
+  X(uint32_t, ack_every, "USRC_ACK_EVERY", 16,                                             \
+    "The requester asks for an ACK (AckReq) at least every this many packets")             \
+  X(uint32_t, sock_buf, "USRC_SOCK_BUF", 8u << 20,                                         \
+    "UDP socket send/receive buffer in bytes (root may exceed net.core.rmem_max)")         \
+  X(uint32_t, rx_batch, "USRC_RX_BATCH", 32, "Datagrams received per recvmmsg call")       \
+  X(uint32_t, retransmit_cap, "USRC_RETRANSMIT_CAP", 256,                                  \
+    "Max packets one QP (re)transmits per progress pass")                                  \
+  X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 0,                                        \
+    "Progress thread spins this long before sleeping in poll (0: sleep at once)")          \
+  X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1, "Verify the ICRC of received packets")
+
+struct Tunables {
+#define USRC_X(type, name, env, def, doc) type name = def;
+  USRC_TUNABLES(USRC_X)
+#undef USRC_X
+  static const Tunables &get();   // read from the environment on first use
+};
+
+}  // namespace usrc

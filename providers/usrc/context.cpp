@@ -1,0 +1,210 @@
+// A context's engine, its progress thread, its MR table and async events.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "usrc/common/log.h"
+#include "usrc/common/tunables.h"
+#include "usrc/net/udp.h"
+#include "usrc/usrc.h"
+
+namespace usrc {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+Context *Context::open(const DeviceConfig &cfg, std::string *err) {
+  std::unique_ptr<Context> c(new Context);
+  c->cfg_ = cfg;
+  const Tunables &t = Tunables::get();
+
+  // Pick a free process slot: its UDP port is base_port + slot. Start at a
+  // pid-derived slot so that concurrent openers rarely collide.
+  std::unique_ptr<net::UdpNic> nic;
+  uint32_t slot = 0;
+  uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlots;
+  for (uint32_t i = 0; i < kMaxSlots && !nic; i++) {
+    slot = 1 + (start + i) % kMaxSlots;
+    if (uint32_t(cfg.base_port) + slot > 65535) continue;
+    int e = 0;
+    nic = net::UdpNic::open({cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)}, t.sock_buf,
+                            t.rx_batch, &e, err);
+    if (!nic && e != EADDRINUSE) {
+      *err = "cannot bind the device address (" + *err + "); is " + cfg.netdev +
+             " up with that address in this network namespace?";
+      return nullptr;
+    }
+  }
+  if (!nic) {
+    *err = "no free UDP port in the device's range";
+    return nullptr;
+  }
+  // Size the send window to what the peer's socket buffer can hold (we
+  // assume the peer is configured like us): loss from buffer overflow would
+  // otherwise be the common case on loopback.
+  uint32_t per_pkt = cfg.active_mtu + 1024;
+  uint32_t window = t.tx_window ? t.tx_window
+                                : std::clamp<uint32_t>(nic->rcvbuf() / (2 * per_pkt), 8, 256);
+  c->engine_ = std::make_unique<rc::Engine>(std::move(nic), slot, cfg.base_port, now_ns,
+                                            c.get(), c.get());
+  c->engine_->max_window = window;
+
+  c->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (c->wake_fd_ < 0 ||
+      socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, c->async_fd_) != 0) {
+    *err = std::string("eventfd/socketpair: ") + strerror(errno);
+    return nullptr;
+  }
+  fcntl(c->async_fd_[1], F_SETFL, O_NONBLOCK);
+
+  int fd = ::open(counters_path(cfg.name).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd >= 0) {
+    void *p = mmap(nullptr, sizeof(CountersFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p != MAP_FAILED && static_cast<CountersFile *>(p)->magic == CountersFile::kMagic)
+      c->shm_ = static_cast<CountersFile *>(p);
+    else if (p != MAP_FAILED)
+      munmap(p, sizeof(CountersFile));
+  }
+  log().info("{}: slot {} port {} window {}", cfg.name, slot, cfg.base_port + slot, window);
+  c->thread_ = std::thread([p = c.get()] { p->progress_loop(); });
+  return c.release();
+}
+
+Context::~Context() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+    thread_.join();
+  }
+  if (engine_) {
+    std::lock_guard g(engine_->mu);
+    flush_counters();
+  }
+  engine_.reset();
+  if (shm_) munmap(shm_, sizeof(CountersFile));
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
+  if (async_fd_[1] >= 0) ::close(async_fd_[1]);
+}
+
+void Context::flush_counters() {
+  if (!shm_) return;
+  for (uint32_t i = 0; i < kNumCounters; i++) {
+    uint64_t d = engine_->counters[i] - flushed_[i];
+    if (d) std::atomic_ref<uint64_t>(shm_->value[i]).fetch_add(d, std::memory_order_relaxed);
+    flushed_[i] = engine_->counters[i];
+  }
+}
+
+// The progress thread: guarantees ACKs, retransmissions, timeouts and the
+// execution of one-sided requests when the application is not calling in.
+// It sleeps in ppoll on the socket, a wake eventfd and the next timer.
+void Context::progress_loop() {
+  pollfd fds[2] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  const uint32_t spin_us = Tunables::get().busy_poll_us;
+  while (!stop_) {
+    uint64_t deadline;
+    {
+      std::lock_guard g(engine_->mu);
+      engine_->progress();
+      uint64_t now = now_ns();
+      if (now - last_flush_ > 10'000'000) {
+        flush_counters();
+        last_flush_ = now;
+      }
+      deadline = engine_->next_deadline();
+      if (deadline == UINT64_MAX) flush_counters();
+      sleep_until_.store(deadline, std::memory_order_release);
+    }
+    uint64_t now = now_ns();
+    if (deadline <= now) continue;
+    if (spin_us) {
+      pollfd f = fds[0];
+      if (poll(&f, 1, 0) > 0) continue;
+    }
+    timespec ts, *tsp = nullptr;
+    if (deadline != UINT64_MAX) {
+      uint64_t d = deadline - now;
+      ts = {static_cast<time_t>(d / 1000000000ull), static_cast<long>(d % 1000000000ull)};
+      tsp = &ts;
+    }
+    int r = ppoll(fds, 2, tsp, nullptr);
+    if (r > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof v);
+    }
+  }
+}
+
+void Context::kick() {
+  if (engine_->next_deadline() < sleep_until_.load(std::memory_order_acquire)) {
+    sleep_until_.store(0, std::memory_order_release);
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+  }
+}
+
+void Context::try_progress() {
+  if (!engine_->mu.try_lock()) return;
+  engine_->progress();
+  engine_->mu.unlock();
+  kick();
+}
+
+void Context::async_event(void *element, ibv_event_type type) {
+  // The record libibverbs reads from async_fd (struct ib_uverbs_async_event_desc).
+  struct {
+    uint64_t element;
+    uint32_t event_type;
+    uint32_t reserved;
+  } ev{reinterpret_cast<uintptr_t>(element), static_cast<uint32_t>(type), 0};
+  if (send(async_fd_[1], &ev, sizeof ev, MSG_DONTWAIT) != sizeof ev)
+    log().warn("async event {} lost: {}", static_cast<int>(type), strerror(errno));
+}
+
+void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
+  ibv_event_type t = IBV_EVENT_QP_FATAL;
+  switch (ev) {
+    case rc::QpEvent::comm_est: t = IBV_EVENT_COMM_EST; break;
+    case rc::QpEvent::fatal: t = IBV_EVENT_QP_FATAL; break;
+    case rc::QpEvent::req_err: t = IBV_EVENT_QP_REQ_ERR; break;
+    case rc::QpEvent::access_err: t = IBV_EVENT_QP_ACCESS_ERR; break;
+    case rc::QpEvent::sq_drained: t = IBV_EVENT_SQ_DRAINED; break;
+  }
+  async_event(&static_cast<Qp *>(qp.user)->vqp.qp, t);
+}
+
+uint32_t Context::add_mr(Mr *mr) {
+  // Keys are never reused within a context, so a stale rkey cannot reach
+  // a newer registration.
+  uint32_t key = next_key_++;
+  mrs_[key] = mr;
+  return key;
+}
+void Context::remove_mr(uint32_t key) { mrs_.erase(key); }
+Mr *Context::find_mr(uint32_t key) {
+  auto it = mrs_.find(key);
+  return it == mrs_.end() ? nullptr : it->second;
+}
+
+uint8_t *Context::resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+                          uint32_t access) {
+  Mr *mr = find_mr(rkey);
+  if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
+  if (va < mr->iova || len > mr->length || va - mr->iova > mr->length - len) return nullptr;
+  return mr->addr + (va - mr->iova);
+}
+
+}  // namespace usrc

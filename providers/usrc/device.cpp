@@ -1,0 +1,218 @@
+// Driver registration, devices, contexts, and the device/port queries.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+#include "usrc/common/log.h"
+#include "usrc/usrc.h"
+
+namespace usrc {
+
+static const verbs_context_ops kOps = [] {
+  verbs_context_ops o{};
+  o.alloc_pd = alloc_pd;
+  o.async_event = async_event_op;
+  o.cq_event = cq_event;
+  o.create_cq = create_cq;
+  o.create_qp = create_qp;
+  o.create_qp_ex = create_qp_ex;
+  o.dealloc_pd = dealloc_pd;
+  o.dereg_mr = dereg_mr;
+  o.destroy_cq = destroy_cq;
+  o.destroy_qp = destroy_qp;
+  o.modify_qp = modify_qp;
+  o.poll_cq = poll_cq;
+  o.post_recv = post_recv;
+  o.post_send = post_send;
+  o.query_device_ex = query_device_ex;
+  o.query_port = query_port;
+  o.query_qp = query_qp;
+  o.reg_mr = reg_mr;
+  o.req_notify_cq = req_notify_cq;
+  o.resize_cq = resize_cq;
+  return o;
+}();
+
+static void free_context(ibv_context *ibctx) {
+  VerbsContext *c = to_vctx(ibctx);
+  delete c->impl;
+  verbs_uninit_context(&c->vctx);
+  free(c);
+}
+
+static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
+  auto *dev = reinterpret_cast<Device *>(ibdev);
+  auto *c = static_cast<VerbsContext *>(
+      _verbs_init_and_alloc_context(ibdev, cmd_fd, sizeof(VerbsContext),
+                                    /* offset of vctx: */ nullptr, 0));
+  static_assert(offsetof(VerbsContext, vctx) == 0);
+  if (!c) return nullptr;
+  // There is no kernel behind the command fd. Make it read-only /dev/null:
+  // ioctls fail with ENOTTY (so GIDs and pkeys come from sysfs files) and
+  // writes fail with EBADF (so the stock ibv_create_comp_channel fails
+  // cleanly instead of returning a stack value as its fd).
+  int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (ro >= 0) {
+    dup3(ro, cmd_fd, O_CLOEXEC);
+    close(ro);
+  }
+  std::string err;
+  c->impl = Context::open(*dev->cfg, &err);
+  if (!c->impl) {
+    log().error("{}: {}", dev->cfg->name, err);
+    fprintf(stderr, "usrc: %s: %s\n", dev->cfg->name.c_str(), err.c_str());
+    verbs_uninit_context(&c->vctx);
+    free(c);
+    errno = ENODEV;
+    return nullptr;
+  }
+  c->vctx.context.async_fd = c->impl->async_read_fd();
+  c->vctx.context.num_comp_vectors = 1;
+  verbs_set_ops(&c->vctx, &kOps);
+  // free_context is called by ibv_close_device; it is not in the table above
+  // only because its slot must always be ours.
+  verbs_context_ops fc{};
+  fc.free_context = free_context;
+  verbs_set_ops(&c->vctx, &fc);
+  return &c->vctx;
+}
+
+static bool match_device(verbs_sysfs_dev *sdev) {
+  // A usrc device is one whose sysfs directory holds our config file.
+  std::string path = std::string(sdev->ibdev_path) + "/" + kConfigFile;
+  return access(path.c_str(), R_OK) == 0;
+}
+
+static verbs_device *alloc_device(verbs_sysfs_dev *sdev) {
+  std::string err;
+  auto cfg = DeviceConfig::load(sdev->ibdev_name, &err);
+  if (!cfg) {
+    // The tree may live under another root than USRC_ROOT: read it from
+    // the path libibverbs found.
+    std::ifstream f(std::string(sdev->ibdev_path) + "/" + kConfigFile);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    cfg = DeviceConfig::parse(ss.str(), &err);
+  }
+  if (!cfg) {
+    fprintf(stderr, "usrc: %s: bad device configuration: %s\n", sdev->ibdev_name, err.c_str());
+    return nullptr;
+  }
+  auto *d = static_cast<Device *>(calloc(1, sizeof(Device)));
+  if (!d) return nullptr;
+  d->cfg = new (std::nothrow) DeviceConfig(*cfg);
+  if (!d->cfg) {
+    free(d);
+    return nullptr;
+  }
+  return &d->vdev;
+}
+
+static void uninit_device(verbs_device *vdev) {
+  auto *d = reinterpret_cast<Device *>(vdev);
+  delete d->cfg;
+  free(d);
+}
+
+extern "C" const verbs_device_ops usrc_device_ops = {
+    .name = "usrc",
+    .match_min_abi_version = 0,
+    .match_max_abi_version = 0xffffffff,
+    .match_table = nullptr,
+    .static_providers = nullptr,
+    .match_device = match_device,
+    .alloc_context = alloc_context,
+    .import_context = nullptr,
+    .alloc_device = alloc_device,
+    .uninit_device = uninit_device,
+};
+
+__attribute__((constructor)) static void register_driver() {
+  verbs_register_driver_34(&usrc_device_ops);
+}
+
+// ---------------------------------------------------------------- queries
+
+static ibv_mtu mtu_enum(uint32_t bytes) {
+  switch (bytes) {
+    case 256: return IBV_MTU_256;
+    case 512: return IBV_MTU_512;
+    case 1024: return IBV_MTU_1024;
+    case 2048: return IBV_MTU_2048;
+    default: return IBV_MTU_4096;
+  }
+}
+
+int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_device_attr_ex *attr,
+                    size_t attr_size) {
+  const DeviceConfig &cfg = impl(ibctx).cfg();
+  ibv_device_attr_ex a{};
+  ibv_device_attr &o = a.orig_attr;
+  snprintf(o.fw_ver, sizeof o.fw_ver, "usrc 0.1.0");
+  o.node_guid = htobe64(cfg.node_guid);
+  o.sys_image_guid = htobe64(cfg.node_guid);
+  o.max_mr_size = UINT64_MAX;
+  o.page_size_cap = 4096;
+  o.vendor_id = 0;             // no IEEE OUI
+  o.vendor_part_id = 0x5553;   // not in perftest's table: the plain post_send path
+  o.hw_ver = 1;
+  o.max_qp = static_cast<int>(kQpsPerSlot);
+  o.max_qp_wr = rc::kMaxWr;
+  o.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
+                       IBV_DEVICE_SYS_IMAGE_GUID;
+  o.max_sge = rc::kMaxSge;
+  o.max_sge_rd = 0;
+  o.max_cq = 1 << 16;
+  o.max_cqe = 1 << 20;
+  o.max_mr = 1 << 20;
+  o.max_pd = 1 << 16;
+  o.max_qp_rd_atom = 0;        // RDMA READ and ATOMIC are not implemented yet
+  o.max_ee_rd_atom = 0;
+  o.max_res_rd_atom = 0;
+  o.max_qp_init_rd_atom = 0;
+  o.atomic_cap = IBV_ATOMIC_NONE;
+  o.max_pkeys = 1;
+  o.local_ca_ack_delay = 0;
+  o.phys_port_cnt = 1;
+  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  // ibv_query_device passes the legacy struct, placed at orig_attr, with
+  // attr_size = sizeof(ibv_device_attr): then nothing else may be written.
+  if (attr_size == sizeof(ibv_device_attr)) {
+    attr->orig_attr = o;
+    return 0;
+  }
+  std::memcpy(attr, &a, std::min(attr_size, sizeof a));
+  return 0;
+}
+
+int query_port(ibv_context *ibctx, uint8_t port, ibv_port_attr *attr) {
+  if (port != 1) return EINVAL;
+  const DeviceConfig &cfg = impl(ibctx).cfg();
+  *attr = {};
+  attr->state = IBV_PORT_ACTIVE;
+  attr->max_mtu = IBV_MTU_4096;
+  attr->active_mtu = mtu_enum(cfg.active_mtu);
+  attr->gid_tbl_len = static_cast<int>(cfg.gid_tbl_len);
+  attr->port_cap_flags = 0;
+  attr->max_msg_sz = rc::kMaxMsgSize;
+  attr->pkey_tbl_len = 1;
+  attr->lid = cfg.link_layer == LinkLayer::ib ? cfg.lid : 0;
+  attr->sm_lid = 0;
+  attr->lmc = 0;
+  attr->max_vl_num = 1;
+  attr->active_width = 1;      // 1X
+  attr->active_speed = 1;      // SDR: a nominal figure; the real rate is the host's
+  attr->phys_state = 5;        // LinkUp
+  attr->link_layer = cfg.link_layer == LinkLayer::ib ? IBV_LINK_LAYER_INFINIBAND
+                                                     : IBV_LINK_LAYER_ETHERNET;
+  return 0;
+}
+
+void async_event_op(ibv_context *, ibv_async_event *) {}
+
+}  // namespace usrc

@@ -1,0 +1,110 @@
+#include "usrc/net/udp.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace usrc::net {
+
+static sockaddr_in to_sockaddr(Endpoint e) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(e.ip);
+  a.sin_port = htons(e.port);
+  return a;
+}
+
+std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,
+                                     int *errno_out, std::string *err) {
+  *errno_out = 0;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *errno_out = errno;
+    *err = std::string("socket: ") + strerror(errno);
+    return nullptr;
+  }
+  // DF set and no PMTU discovery games: unconnected + DF gives IP ID 0.
+  int pmtu = IP_PMTUDISC_DO;
+  setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+  // Large buffers: a fast sender on loopback overflows a small receive
+  // buffer. FORCE works for root; otherwise we get net.core.*mem_max.
+  int b = static_cast<int>(sock_buf);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &b, sizeof b) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof b) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+  sockaddr_in a = to_sockaddr(local);
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+    *errno_out = errno;
+    *err = std::string("bind: ") + strerror(errno);
+    ::close(fd);
+    return nullptr;
+  }
+  std::unique_ptr<UdpNic> nic(new UdpNic(fd, local, rx_batch ? rx_batch : 32));
+  int got = 0;
+  socklen_t len = sizeof got;
+  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &len) == 0) nic->rcvbuf_ = got;
+  return nic;
+}
+
+UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch)
+    : fd_(fd), local_(local), rx_buf_(rx_batch * kMaxDatagram), rx_msgs_(rx_batch),
+      rx_iov_(rx_batch), rx_addr_(rx_batch), tx_msgs_(64), tx_addr_(64) {
+  for (uint32_t i = 0; i < rx_batch; i++) {
+    rx_iov_[i] = {rx_buf_.data() + i * kMaxDatagram, kMaxDatagram};
+    auto &h = rx_msgs_[i].msg_hdr;
+    h.msg_iov = &rx_iov_[i];
+    h.msg_iovlen = 1;
+    h.msg_name = &rx_addr_[i];
+  }
+}
+
+UdpNic::~UdpNic() { ::close(fd_); }
+
+size_t UdpNic::send(std::span<const TxPacket> pkts) {
+  size_t done = 0;
+  while (done < pkts.size()) {
+    size_t n = std::min(pkts.size() - done, tx_msgs_.size());
+    for (size_t i = 0; i < n; i++) {
+      const TxPacket &p = pkts[done + i];
+      tx_addr_[i] = to_sockaddr(p.dst);
+      auto &h = tx_msgs_[i].msg_hdr;
+      h = {};
+      h.msg_name = &tx_addr_[i];
+      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_iov = const_cast<iovec *>(p.iov);
+      h.msg_iovlen = p.iovcnt;
+    }
+    int r = ::sendmmsg(fd_, tx_msgs_.data(), n, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      // An unreachable or refused peer must not stall the others: skip the
+      // head packet; the transport's retransmission covers it.
+      done++;
+      continue;
+    }
+    done += r;
+    if (static_cast<size_t>(r) < n) continue;
+  }
+  return done;
+}
+
+size_t UdpNic::recv(std::span<RxPacket> out) {
+  size_t n = std::min(out.size(), rx_msgs_.size());
+  for (size_t i = 0; i < n; i++) rx_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+  int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
+  if (r <= 0) return 0;
+  for (int i = 0; i < r; i++) {
+    out[i].src = {ntohl(rx_addr_[i].sin_addr.s_addr), ntohs(rx_addr_[i].sin_port)};
+    out[i].data = static_cast<const uint8_t *>(rx_iov_[i].iov_base);
+    out[i].len = rx_msgs_[i].msg_len;
+  }
+  return r;
+}
+
+}  // namespace usrc::net

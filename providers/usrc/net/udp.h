@@ -1,0 +1,42 @@
+// Kernel UDP sockets: the portable backend. One unconnected socket per
+// context, bound to the device address and the process's slot port, with DF
+// set so that the kernel sends IP ID 0 (the RoCEv2 ICRC covers the IP ID).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "usrc/net/nic.h"
+
+namespace usrc::net {
+
+class UdpNic final : public Nic {
+ public:
+  // Binds ip:port. Returns nullptr with *err set (errno text) on failure;
+  // *errno_out is the bind errno (EADDRINUSE lets the caller try another port).
+  static std::unique_ptr<UdpNic> open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,
+                                      int *errno_out, std::string *err);
+  ~UdpNic() override;
+
+  Endpoint local() const override { return local_; }
+  int wait_fd() const override { return fd_; }
+  size_t send(std::span<const TxPacket> pkts) override;
+  size_t recv(std::span<RxPacket> out) override;
+  uint32_t rcvbuf() const { return rcvbuf_; }
+
+ private:
+  UdpNic(int fd, Endpoint local, uint32_t rx_batch);
+  int fd_;
+  Endpoint local_;
+  uint32_t rcvbuf_ = 0;
+  static constexpr size_t kMaxDatagram = 4096 + 128;
+  std::vector<uint8_t> rx_buf_;
+  std::vector<struct mmsghdr> rx_msgs_;
+  std::vector<iovec> rx_iov_;
+  std::vector<struct sockaddr_in> rx_addr_;
+  std::vector<struct mmsghdr> tx_msgs_;
+  std::vector<struct sockaddr_in> tx_addr_;
+};
+
+}  // namespace usrc::net

@@ -1,0 +1,1 @@
+// The provider library is the verbs glue (usrc_glue), linked whole.

@@ -1,0 +1,327 @@
+// Queue pairs: creation, the QP context (modify/query), and posting.
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "usrc/usrc.h"
+
+namespace usrc {
+
+static rc::QpState to_rc(ibv_qp_state s) { return static_cast<rc::QpState>(s); }
+static_assert(int(rc::QpState::sqe) == IBV_QPS_SQE && int(rc::QpState::err) == IBV_QPS_ERR);
+
+ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
+  if (ia->qp_type != IBV_QPT_RC || ia->srq) {
+    errno = EOPNOTSUPP;   // UC, UD and SRQs are not implemented (README)
+    return nullptr;
+  }
+  ibv_qp_cap &cap = ia->cap;
+  if (!ia->send_cq || !ia->recv_cq || cap.max_send_wr > rc::kMaxWr ||
+      cap.max_recv_wr > rc::kMaxWr || cap.max_send_sge > rc::kMaxSge ||
+      cap.max_recv_sge > rc::kMaxSge || cap.max_inline_data > rc::kMaxInline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Context &c = impl(ibpd->context);
+  auto *qp = new (std::nothrow) Qp{};
+  if (!qp) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  // Report what the QP really has (the caller reads it back, C11-...).
+  cap.max_send_wr = std::max(cap.max_send_wr, 1u);
+  cap.max_recv_wr = std::max(cap.max_recv_wr, 1u);
+  cap.max_send_sge = rc::kMaxSge;
+  cap.max_recv_sge = rc::kMaxSge;
+  cap.max_inline_data = rc::kMaxInline;
+  {
+    std::lock_guard g(c.engine().mu);
+    qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr);
+    if (!qp->t) {
+      delete qp;
+      errno = ENOMEM;
+      return nullptr;
+    }
+    qp->t->user = qp;
+    qp->t->pd = to_pd(ibpd);
+    qp->t->send_cq = &to_cq(ia->send_cq)->ring;
+    qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
+    qp->t->sq_sig_all = ia->sq_sig_all;
+  }
+  qp->ctx = &c;
+  qp->init = *ia;
+  ibv_qp &q = qp->vqp.qp;
+  q.context = ibpd->context;
+  q.qp_context = ia->qp_context;
+  q.pd = ibpd;
+  q.send_cq = ia->send_cq;
+  q.recv_cq = ia->recv_cq;
+  q.srq = nullptr;
+  q.qp_num = qp->t->qpn;
+  q.qp_type = IBV_QPT_RC;
+  q.state = IBV_QPS_RESET;
+  q.events_completed = 0;
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  qp->attr.qp_state = qp->attr.cur_qp_state = IBV_QPS_RESET;
+  qp->attr.cap = cap;
+  to_pd(ibpd)->users++;
+  to_cq(ia->send_cq)->qps++;
+  to_cq(ia->recv_cq)->qps++;
+  return &q;
+}
+
+ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
+  // Only the plain attributes: the extended send API (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+  // and the other extensions are not implemented yet.
+  if (ia->comp_mask & ~IBV_QP_INIT_ATTR_PD) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_init_attr a{};
+  a.qp_context = ia->qp_context;
+  a.send_cq = ia->send_cq;
+  a.recv_cq = ia->recv_cq;
+  a.srq = ia->srq;
+  a.cap = ia->cap;
+  a.qp_type = ia->qp_type;
+  a.sq_sig_all = ia->sq_sig_all;
+  ibv_qp *q = create_qp(ia->pd, &a);
+  if (q) ia->cap = a.cap;
+  return q;
+}
+
+int destroy_qp(ibv_qp *ibqp) {
+  Qp *qp = to_qp(ibqp);
+  {
+    std::lock_guard g(qp->ctx->engine().mu);
+    qp->ctx->engine().destroy_qp(qp->t);
+  }
+  to_pd(ibqp->pd)->users--;
+  to_cq(ibqp->send_cq)->qps--;
+  to_cq(ibqp->recv_cq)->qps--;
+  delete qp;
+  return 0;
+}
+
+static bool ipv4_mapped(const ibv_gid &g, uint32_t *ip) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(g.raw, prefix, 12) != 0) return false;
+  uint32_t be;
+  std::memcpy(&be, g.raw + 12, 4);
+  *ip = ntohl(be);
+  return *ip != 0;
+}
+
+// The peer's UDP endpoint from the address vector and the destination QPN:
+// the IP from the DGID (IPv4-mapped) or, on InfiniBand link layer, from the
+// DLID (include/usrc/device.h: the LID scheme); the port from the QPN's slot.
+static int resolve_peer(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t dest_qpn,
+                        net::Endpoint *peer) {
+  if (ah.port_num != 1) return EINVAL;
+  uint32_t ip = 0;
+  if (ah.is_global) {
+    if (ah.grh.sgid_index >= cfg.gid_tbl_len) return EINVAL;
+    if (!ipv4_mapped(ah.grh.dgid, &ip) && cfg.link_layer == LinkLayer::roce) return EINVAL;
+  } else if (cfg.link_layer == LinkLayer::roce) {
+    return EINVAL;   // RoCE is GID-routed: the GRH is required
+  }
+  if (!ip) {
+    if (ah.dlid == 0 || ah.dlid >= 0xc000) return EINVAL;
+    ip = ipv4_for_lid(cfg.ipv4, ah.dlid);
+  }
+  uint32_t slot = slot_of_qpn(dest_qpn);
+  if (slot == 0 || slot > kMaxSlots || cfg.base_port + slot > 65535) return EINVAL;
+  *peer = {ip, static_cast<uint16_t>(cfg.base_port + slot)};
+  return 0;
+}
+
+static uint32_t mtu_bytes(ibv_mtu m) { return 128u << m; }
+
+int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
+  Qp *qp = to_qp(ibqp);
+  Context &c = *qp->ctx;
+  const DeviceConfig &cfg = c.cfg();
+  std::unique_lock g(c.engine().mu);
+  rc::Qp &t = *qp->t;
+  auto cur = static_cast<ibv_qp_state>(t.state);
+  ibv_qp_state next;
+  if (int e = check_modify_qp(cur, *attr, mask, &next)) return e;
+
+  // Values (checked before anything changes: a failed modify leaves the QP
+  // as it was).
+  if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (attr->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+    return EINVAL;
+  if ((mask & IBV_QP_PATH_MTU) &&
+      (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096 ||
+       mtu_bytes(attr->path_mtu) > cfg.active_mtu))
+    return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && attr->timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && attr->min_rnr_timer > 31) return EINVAL;
+  // No RDMA READ/ATOMIC yet: no responder resources and no initiator depth
+  // (device attribute max_qp_rd_atom is 0), but 0 or 1 are accepted as the
+  // stock tools ask for 1 even for SEND-only use.
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > 1) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 1) return EINVAL;
+  net::Endpoint peer = t.peer;
+  if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
+    const ibv_ah_attr &ah = (mask & IBV_QP_AV) ? attr->ah_attr : qp->attr.ah_attr;
+    uint32_t dqpn = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : qp->attr.dest_qp_num;
+    if (int e = resolve_peer(cfg, ah, dqpn, &peer)) return e;
+  }
+
+  // Apply.
+  ibv_qp_attr &s = qp->attr;
+  if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
+  if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
+  if (mask & IBV_QP_ACCESS_FLAGS) t.access = s.qp_access_flags = attr->qp_access_flags;
+  if (mask & IBV_QP_AV) {
+    s.ah_attr = attr->ah_attr;
+    t.dlid = attr->ah_attr.dlid;
+  }
+  if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & 0xffffff;
+  t.peer = peer;
+  if (mask & IBV_QP_PATH_MTU) {
+    s.path_mtu = attr->path_mtu;
+    t.pmtu = mtu_bytes(attr->path_mtu);
+  }
+  if (mask & IBV_QP_RQ_PSN) c.engine().set_rq_psn(t, s.rq_psn = attr->rq_psn & 0xffffff);
+  if (mask & IBV_QP_SQ_PSN) c.engine().set_sq_psn(t, s.sq_psn = attr->sq_psn & 0xffffff);
+  if (mask & IBV_QP_TIMEOUT) t.timeout = s.timeout = attr->timeout;
+  if (mask & IBV_QP_RETRY_CNT) t.retry_cnt = s.retry_cnt = attr->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) t.rnr_retry = s.rnr_retry = attr->rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) t.min_rnr_timer = s.min_rnr_timer = attr->min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr->max_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = attr->en_sqd_async_notify;
+  if (next == IBV_QPS_RESET) {
+    // Back to RESET forgets the connection (IBA 10.3.1.1).
+    ibv_qp_cap cap = s.cap;
+    s = {};
+    s.cap = cap;
+  }
+  s.qp_state = s.cur_qp_state = next;
+  c.engine().set_state(t, to_rc(next));
+  g.unlock();
+  c.kick();
+  return 0;
+}
+
+int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
+  Qp *qp = to_qp(ibqp);
+  std::lock_guard g(qp->ctx->engine().mu);
+  *attr = qp->attr;
+  // The transport may have moved the QP to ERR on its own.
+  attr->qp_state = attr->cur_qp_state = static_cast<ibv_qp_state>(qp->t->state);
+  attr->sq_draining = qp->t->state == rc::QpState::sqd && !qp->t->sq.empty();
+  if (init) {
+    *init = qp->init;
+    init->cap = qp->attr.cap;
+  }
+  return 0;
+}
+
+// Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
+// names an MR of the QP's PD that covers the range, with local write access
+// where data will be written. Fills the transport's SGEs.
+static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge *out,
+                     bool write) {
+  for (int i = 0; i < n; i++) {
+    out[i] = {reinterpret_cast<uint8_t *>(in[i].addr), in[i].length};
+    if (in[i].length == 0) continue;
+    Mr *mr = c.find_mr(in[i].lkey);
+    if (!mr || mr->pd != pd) return false;
+    if (write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
+    if (in[i].addr < mr->iova || in[i].length > mr->length ||
+        in[i].addr - mr->iova > mr->length - in[i].length)
+      return false;
+    out[i].addr = mr->addr + (in[i].addr - mr->iova);
+  }
+  return true;
+}
+
+int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
+  Qp *qp = to_qp(ibqp);
+  Context &c = *qp->ctx;
+  int err = 0;
+  {
+    std::lock_guard g(c.engine().mu);
+    for (; wr; wr = wr->next) {
+      rc::SendWr w;
+      switch (wr->opcode) {
+        case IBV_WR_SEND: w.opcode = rc::WrOpcode::send; break;
+        case IBV_WR_SEND_WITH_IMM: w.opcode = rc::WrOpcode::send_imm; break;
+        case IBV_WR_RDMA_WRITE: w.opcode = rc::WrOpcode::rdma_write; break;
+        case IBV_WR_RDMA_WRITE_WITH_IMM: w.opcode = rc::WrOpcode::rdma_write_imm; break;
+        case IBV_WR_RDMA_READ:
+        case IBV_WR_ATOMIC_CMP_AND_SWP:
+        case IBV_WR_ATOMIC_FETCH_AND_ADD: err = EOPNOTSUPP; break;   // not yet
+        default: err = EINVAL; break;
+      }
+      if (!err && (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge))) err = EINVAL;
+      if (err) break;
+      w.wr_id = wr->wr_id;
+      w.flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
+      w.imm_be = wr->imm_data;
+      w.remote_va = wr->wr.rdma.remote_addr;
+      w.rkey = wr->wr.rdma.rkey;
+      w.num_sge = static_cast<uint32_t>(wr->num_sge);
+      // Inline data is read now and needs no lkey (IBA 10.7.2.1).
+      bool ok = true;
+      if (w.flags & rc::kInline) {
+        for (int i = 0; i < wr->num_sge; i++)
+          w.sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
+      } else {
+        ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, false);
+      }
+      if (!ok) {
+        c.engine().post_error(*qp->t, wr->wr_id,
+                              (w.opcode == rc::WrOpcode::send || w.opcode == rc::WrOpcode::send_imm)
+                                  ? rc::WcOpcode::send : rc::WcOpcode::rdma_write,
+                              rc::WcStatus::loc_prot_err, false);
+        continue;
+      }
+      if ((err = c.engine().post_send(*qp->t, w))) break;
+    }
+  }
+  c.kick();
+  if (err && bad) *bad = wr;
+  return err;
+}
+
+int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
+  Qp *qp = to_qp(ibqp);
+  Context &c = *qp->ctx;
+  int err = 0;
+  {
+    std::lock_guard g(c.engine().mu);
+    for (; wr; wr = wr->next) {
+      if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge)) {
+        err = EINVAL;
+        break;
+      }
+      rc::RecvWr w;
+      w.wr_id = wr->wr_id;
+      w.num_sge = static_cast<uint32_t>(wr->num_sge);
+      if (!map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, true)) {
+        c.engine().post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err,
+                              true);
+        continue;
+      }
+      if ((err = c.engine().post_recv(*qp->t, w))) break;
+    }
+  }
+  c.kick();
+  if (err && bad) *bad = wr;
+  return err;
+}
+
+}  // namespace usrc

@@ -1,0 +1,63 @@
+// The RC rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
+// ibv_modify_qp man page): which transitions exist, which attributes each
+// one requires and which it allows. Pure: no side effects.
+#include <cerrno>
+
+#include "usrc/usrc.h"
+
+namespace usrc {
+
+namespace {
+
+struct Rule {
+  ibv_qp_state from, to;
+  int required, optional;
+};
+
+constexpr int kRtrRequired = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+constexpr int kRtsRequired = IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                             IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+// Alternate paths (APM) are not supported, so IBV_QP_ALT_PATH and
+// IBV_QP_PATH_MIG_STATE appear in no row.
+constexpr Rule kRules[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR, kRtrRequired, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_RTR, IBV_QPS_RTS, kRtsRequired,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER | IBV_QP_TIMEOUT |
+         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PKEY_INDEX | IBV_QP_AV | IBV_QP_PATH_MTU},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
+};
+
+}  // namespace
+
+int check_modify_qp(ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next) {
+  if (mask & IBV_QP_CUR_STATE) {
+    // The application's idea of the current state must be right (SQE/RTS
+    // are the only states it may name, IBA 11.2.4.2).
+    if (attr.cur_qp_state != cur) return EINVAL;
+  }
+  ibv_qp_state to = (mask & IBV_QP_STATE) ? attr.qp_state : cur;
+  if (to > IBV_QPS_ERR) return EINVAL;
+  *next = to;
+  // Any state may go to RESET or ERR, with no other attribute.
+  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
+    return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? EINVAL : 0;
+  for (const Rule &r : kRules) {
+    if (r.from != cur || r.to != to) continue;
+    int given = mask & ~IBV_QP_STATE;
+    if ((given & r.required) != r.required) return EINVAL;
+    if (given & ~(r.required | r.optional)) return EINVAL;
+    return 0;
+  }
+  return EINVAL;
+}
+
+}  // namespace usrc

@@ -1,0 +1,63 @@
+#include "usrc/rc/cq.h"
+
+namespace usrc::rc {
+
+bool Cq::push(const Completion &c) {
+  bool fire = false, over = false, stored = false;
+  {
+    std::lock_guard g(mu_);
+    size_t next = (tail_ + 1) % ring_.size();
+    if (next == head_) {
+      over = !overflowed_;
+      overflowed_ = true;
+    } else {
+      ring_[tail_] = c;
+      tail_ = next;
+      stored = true;
+      // A solicited-only arm fires on a solicited or an error completion.
+      if (arm_ == Arm::next || (arm_ == Arm::solicited &&
+                                (c.solicited || c.status != WcStatus::success))) {
+        arm_ = Arm::none;
+        fire = true;
+      }
+    }
+  }
+  if (over && hooks_) hooks_->overflow(*this);
+  if (fire && hooks_) hooks_->notify(*this);
+  return stored;
+}
+
+size_t Cq::poll(Completion *out, size_t max) {
+  std::lock_guard g(mu_);
+  size_t n = 0;
+  while (n < max && head_ != tail_) {
+    out[n++] = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+  }
+  return n;
+}
+
+bool Cq::empty() const {
+  std::lock_guard g(mu_);
+  return head_ == tail_;
+}
+
+void Cq::arm(bool solicited_only) {
+  std::lock_guard g(mu_);
+  // Arming "next" is never weakened to "solicited" by a later call.
+  if (!solicited_only) arm_ = Arm::next;
+  else if (arm_ == Arm::none) arm_ = Arm::solicited;
+}
+
+void Cq::resize(uint32_t depth) {
+  std::lock_guard g(mu_);
+  size_t used = (tail_ + ring_.size() - head_) % ring_.size();
+  if (used > depth) return;
+  std::vector<Completion> r(depth + 1);
+  for (size_t i = 0; i < used; i++) r[i] = ring_[(head_ + i) % ring_.size()];
+  ring_.swap(r);
+  head_ = 0;
+  tail_ = used;
+}
+
+}  // namespace usrc::rc

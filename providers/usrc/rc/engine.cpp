@@ -1,0 +1,282 @@
+#include "usrc/rc/engine.h"
+
+#include <cstring>
+
+#include "usrc/common/log.h"
+#include "usrc/common/tunables.h"
+#include "usrc/rc/packet_view.h"
+#include "usrc/rc/psn.h"
+#include "usrc/wire/icrc.h"
+
+namespace usrc::rc {
+
+Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port, Clock clock,
+               MemoryAccess *mem, EngineHooks *hooks)
+    : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
+      mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]) {
+  ack_list_.reserve(64);
+}
+
+Engine::~Engine() {
+  for (Qp *qp : live_) delete qp;
+}
+
+Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
+  for (uint32_t i = 0; i < qps_.size(); i++) {
+    if (qps_[i]) continue;
+    Qp *qp = new Qp;
+    qp->qpn = (slot_ << kQpnIndexBits) | i;
+    qp->sq.init(max_send_wr ? max_send_wr : 1);
+    qp->rq.init(max_recv_wr ? max_recv_wr : 1);
+    qp->window = max_window;
+    qps_[i] = qp;
+    live_.push_back(qp);
+    return qp;
+  }
+  return nullptr;
+}
+
+void Engine::destroy_qp(Qp *qp) {
+  std::erase(ack_list_, qp);
+  std::erase(live_, qp);
+  qps_[qp->qpn & (kQpsPerSlot - 1)] = nullptr;
+  delete qp;
+}
+
+Qp *Engine::find_qp(uint32_t qpn) {
+  if (slot_of_qpn(qpn) != slot_) return nullptr;
+  return qps_[qpn & (kQpsPerSlot - 1)];
+}
+
+void Engine::set_sq_psn(Qp &qp, uint32_t psn) {
+  psn &= kPsnMask;
+  qp.next_psn = qp.tx_psn = qp.tx_high = qp.una_psn = psn;
+  qp.tx_pos = qp.sq.head;
+}
+
+void Engine::set_state(Qp &qp, QpState s) {
+  QpState old = qp.state;
+  qp.state = s;
+  switch (s) {
+    case QpState::reset:
+      qp.sq.head = qp.sq.tail = qp.rq.head = qp.rq.tail = 0;
+      qp.tx_pos = 0;
+      qp.msn = 0;
+      qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = false;
+      qp.ack_deadline = qp.rnr_deadline = 0;
+      std::erase(ack_list_, &qp);
+      break;
+    case QpState::rts:
+      if (old != QpState::rts) {
+        qp.retry_left = qp.retry_cnt;
+        qp.rnr_left = qp.rnr_retry;
+      }
+      requester_tx(qp);
+      tx_flush();
+      break;
+    case QpState::err:
+      if (old != QpState::err) flush_queues(qp);
+      break;
+    default:
+      break;
+  }
+}
+
+// IBA 10.3.1 / C10-?: in the Error state every outstanding and every newly
+// posted WR completes with "flushed".
+void Engine::flush_queues(Qp &qp) {
+  qp.ack_deadline = qp.rnr_deadline = 0;
+  std::erase(ack_list_, &qp);
+  qp.ack_pending = false;
+  uint64_t now = clock_();
+  for (; !qp.sq.empty(); qp.sq.head++) {
+    SendWqe &w = qp.sq.at(qp.sq.head);
+    WcOpcode op = (w.wr.opcode == WrOpcode::send || w.wr.opcode == WrOpcode::send_imm)
+                      ? WcOpcode::send : WcOpcode::rdma_write;
+    push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, op, false, false, 0, 0, qp.qpn,
+                      0, 0, now});
+  }
+  qp.tx_pos = qp.sq.head;
+  for (; !qp.rq.empty(); qp.rq.head++) {
+    RecvWqe &r = qp.rq.at(qp.rq.head);
+    push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0,
+                      qp.qpn, 0, 0, now});
+  }
+  qp.in_msg = false;
+}
+
+void Engine::push(Cq *cq, const Completion &c) {
+  if (cq) cq->push(c);
+}
+
+void Engine::arm_timer(uint64_t deadline) {
+  if (deadline < next_deadline_) next_deadline_ = deadline;
+}
+
+int Engine::post_send(Qp &qp, const SendWr &wr) {
+  if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::rtr)
+    return EINVAL;
+  if (wr.num_sge > kMaxSge) return EINVAL;
+  if (qp.sq.full()) return ENOMEM;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
+  if (len > kMaxMsgSize) return EINVAL;
+  if ((wr.flags & kInline) && len > kMaxInline) return EINVAL;
+
+  SendWqe &w = qp.sq.at(qp.sq.tail);
+  w.wr = wr;
+  w.length = static_cast<uint32_t>(len);
+  if (wr.flags & kInline) {
+    // Inline data is copied now: the caller may reuse its buffer at once.
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < wr.num_sge; i++) {
+      std::memcpy(w.inline_data + off, wr.sge[i].addr, wr.sge[i].length);
+      off += wr.sge[i].length;
+    }
+    w.wr.num_sge = 1;
+    w.wr.sge[0] = {w.inline_data, off};
+  }
+  w.npkts = len == 0 ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
+  w.first_psn = qp.next_psn;
+  qp.sq.tail++;
+
+  if (qp.state == QpState::err || qp.state == QpState::sqe) {
+    // Flushed at once (IBA 10.8.3.3); nothing goes on the wire.
+    flush_queues(qp);
+    return 0;
+  }
+  qp.next_psn = psn_add(qp.next_psn, w.npkts);
+  requester_tx(qp);
+  tx_flush();
+  return 0;
+}
+
+void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv) {
+  push(recv ? qp.recv_cq : qp.send_cq, {wr_id, st, op, false, false, 0, 0, qp.qpn, 0, 0, clock_()});
+  set_state(qp, QpState::err);
+}
+
+int Engine::post_recv(Qp &qp, const RecvWr &wr) {
+  if (qp.state == QpState::reset) return EINVAL;
+  if (wr.num_sge > kMaxSge) return EINVAL;
+  if (qp.rq.full()) return ENOMEM;
+  RecvWqe &r = qp.rq.at(qp.rq.tail);
+  r.wr = wr;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
+  r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
+  qp.rq.tail++;
+  if (qp.state == QpState::err) flush_queues(qp);
+  return 0;
+}
+
+void Engine::progress() {
+  const auto &t = Tunables::get();
+  net::RxPacket pkts[64];
+  size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);
+  // Bounded work per call: at most four batches.
+  for (int round = 0; round < 4; round++) {
+    size_t n = nic_->recv({pkts, batch});
+    for (size_t i = 0; i < n; i++) handle_packet(pkts[i]);
+    if (n < batch) break;
+  }
+  // One ACK per QP per pass, however many requests asked for one.
+  for (Qp *qp : ack_list_) {
+    if (qp->ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->epsn, kPsnMask));
+    qp->ack_pending = false;
+  }
+  ack_list_.clear();
+
+  uint64_t now = clock_();
+  if (now >= next_deadline_) {
+    next_deadline_ = UINT64_MAX;
+    for (Qp *qp : live_) check_timers(*qp, now);
+  }
+  for (Qp *qp : live_)
+    if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
+  tx_flush();
+}
+
+void Engine::handle_packet(const net::RxPacket &pkt) {
+  count(Counter::rx_packets);
+  count(Counter::rx_bytes, pkt.len);
+  PacketView v{pkt.src, {}};
+  if (wire::parse(pkt.data, pkt.len, v.p) != wire::ParseError::ok) {
+    count(Counter::malformed_drops);
+    return;
+  }
+  if (Tunables::get().icrc_check) {
+    iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
+    wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};
+    if (wire::icrc_ipv4(ip, &iov, 1) != v.p.icrc) {
+      count(Counter::malformed_drops);
+      return;
+    }
+  }
+  // RC opcodes only (IBA 9.2.1: transport 000b).
+  if (v.opcode() >= 0x20) {
+    count(Counter::malformed_drops);
+    return;
+  }
+  Qp *qp = find_qp(v.p.h.bth.dest_qp);
+  if (!qp) {
+    count(Counter::unknown_qp_drops);
+    return;
+  }
+  if (!(pkt.src == qp->peer)) {
+    count(Counter::wrong_source_drops);
+    return;
+  }
+  if (v.p.info->mask & wire::IS_REQUEST) {
+    // C10-?: a QP in RESET or INIT drops requests; RTR and later respond.
+    if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err) {
+      count(Counter::unknown_qp_drops);
+      return;
+    }
+    responder_rx(*qp, v);
+  } else {
+    if (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe) {
+      count(Counter::unknown_qp_drops);
+      return;
+    }
+    completer_rx(*qp, v);
+  }
+}
+
+Engine::TxSlot &Engine::tx_slot() {
+  if (tx_count_ == kTxBatch) tx_flush();
+  return tx_slots_[tx_count_];
+}
+
+// Finishes the packet being built in tx_slot(): iov[0] = headers,
+// iov[1..pieces] = payload, then pad and ICRC (RoCEv2: IBA A16.4.1).
+void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces) {
+  TxSlot &s = tx_slots_[tx_count_];
+  s.iov[0] = {s.hdr, hdr_len};
+  uint8_t pad = wire::pad_for(payload_len);
+  std::memset(s.trailer, 0, 4);
+  size_t n = 1 + pieces;
+  if (pad) s.iov[n++] = {s.trailer, pad};
+  wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, nic_->local().port, qp.peer.port};
+  uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
+  if (pad) {
+    wire::store_icrc(s.trailer + pad, icrc);
+    s.iov[n - 1].iov_len = pad + wire::kIcrcLen;
+  } else {
+    wire::store_icrc(s.trailer, icrc);
+    s.iov[n++] = {s.trailer, wire::kIcrcLen};
+  }
+  tx_pkts_[tx_count_] = {qp.peer, s.iov, n};
+  tx_count_++;
+  count(Counter::tx_packets);
+  count(Counter::tx_bytes, hdr_len + payload_len + pad + wire::kIcrcLen);
+}
+
+void Engine::tx_flush() {
+  if (!tx_count_) return;
+  size_t sent = nic_->send({tx_pkts_.data(), tx_count_});
+  if (sent < tx_count_) count(Counter::tx_errors, tx_count_ - sent);
+  tx_count_ = 0;
+}
+
+}  // namespace usrc::rc

@@ -1,0 +1,124 @@
+// The RC transport engine of one context: its QPs, its NIC, its timers.
+// Everything is driven by calls that hold `mu`: post_send/post_recv from the
+// application, progress() from whichever thread polls (the application in
+// poll_cq, or the progress thread). There is no allocation on the per-packet
+// path: packets are built into a fixed transmit batch and sent with one
+// NIC call.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "usrc/device.h"
+#include "usrc/net/nic.h"
+#include "usrc/rc/qp.h"
+
+namespace usrc::rc {
+
+// Remote memory as the responder sees it; the verbs glue implements it with
+// its MR table (rkey, PD, bounds, access flags).
+struct MemoryAccess {
+  virtual uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+                           uint32_t access) = 0;
+ protected:
+  ~MemoryAccess() = default;
+};
+
+// Events the owner delivers as verbs async events.
+enum class QpEvent { comm_est, fatal, req_err, access_err, sq_drained };
+struct EngineHooks {
+  virtual void qp_event(Qp &, QpEvent) = 0;
+ protected:
+  ~EngineHooks() = default;
+};
+
+constexpr uint32_t kAccessRemoteWrite = 2, kAccessRemoteRead = 4, kAccessRemoteAtomic = 8;
+
+class Engine {
+ public:
+  using Clock = std::function<uint64_t()>;
+  Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port, Clock clock,
+         MemoryAccess *mem, EngineHooks *hooks);
+  ~Engine();
+
+  std::mutex mu;
+
+  // --- everything below requires mu ---
+  // A WR that failed local checks at post time: it completes with st and
+  // the QP goes to the Error state (IBA 10.8.3.1, local errors).
+  void post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv);
+  Qp *create_qp(uint32_t max_send_wr, uint32_t max_recv_wr);   // nullptr: no QPN left
+  void destroy_qp(Qp *qp);
+  Qp *find_qp(uint32_t qpn);
+  // Moves the QP to a new state with the IBA side effects (flush on ERR,
+  // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
+  void set_state(Qp &qp, QpState s);
+  void set_sq_psn(Qp &qp, uint32_t psn);
+  void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & 0xffffff; }
+
+  int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
+  int post_recv(Qp &qp, const RecvWr &wr);
+
+  // Receive and execute a bounded batch, fire expired timers, transmit.
+  void progress();
+  // Absolute time (clock units, ns) of the next timer, or UINT64_MAX.
+  uint64_t next_deadline() const { return next_deadline_; }
+  net::Nic &nic() { return *nic_; }
+  uint64_t now() const { return clock_(); }
+
+  std::array<uint64_t, kNumCounters> counters{};
+  uint32_t slot() const { return slot_; }
+  uint32_t max_window = 64;       // cap for new QPs (from the socket buffer)
+
+ private:
+  // requester.cpp
+  void requester_tx(Qp &qp);
+  void build_request(Qp &qp, SendWqe &w, uint32_t psn);
+  void go_back_n(Qp &qp, uint32_t psn);
+  // completer.cpp
+  void completer_rx(Qp &qp, const struct PacketView &p);
+  bool ack_through(Qp &qp, uint32_t psn);
+  void fail_head(Qp &qp, WcStatus st);
+  void check_timers(Qp &qp, uint64_t now);
+  // responder.cpp
+  void responder_rx(Qp &qp, const struct PacketView &p);
+  void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
+                     uint32_t imm_be, bool solicited);
+  // engine.cpp
+  void handle_packet(const net::RxPacket &pkt);
+  void flush_queues(Qp &qp);
+  void push(Cq *cq, const Completion &c);
+  void arm_timer(uint64_t deadline);
+  struct TxSlot;
+  TxSlot &tx_slot();
+  void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t extra_iov);
+  void tx_flush();
+  void count(Counter c, uint64_t n = 1) { counters[static_cast<uint32_t>(c)] += n; }
+
+  std::unique_ptr<net::Nic> nic_;
+  uint32_t slot_;
+  uint16_t base_port_;
+  Clock clock_;
+  MemoryAccess *mem_;
+  EngineHooks *hooks_;
+  std::vector<Qp *> qps_;          // by QPN index
+  std::vector<Qp *> live_;         // the same QPs, compact, for timer/tx scans
+  std::vector<Qp *> ack_list_;     // QPs with ack_pending
+  uint64_t next_deadline_ = UINT64_MAX;
+
+  static constexpr size_t kTxBatch = 64;
+  struct TxSlot {
+    uint8_t hdr[64];
+    uint8_t trailer[8];          // pad + ICRC
+    iovec iov[kMaxSge + 2];
+  };
+  std::unique_ptr<TxSlot[]> tx_slots_;
+  std::array<net::TxPacket, kTxBatch> tx_pkts_{};
+  size_t tx_count_ = 0;
+};
+
+}  // namespace usrc::rc

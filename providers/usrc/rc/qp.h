@@ -1,0 +1,91 @@
+// One RC QP's transport state, split the way the IBA describes the RC
+// protocol (and the kernel's rxe splits its code): the requester turns send
+// WQEs into request packets, the completer consumes ACKs/NAKs and retires
+// WQEs, the responder executes incoming requests and acknowledges them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "usrc/net/nic.h"
+#include "usrc/rc/cq.h"
+#include "usrc/rc/types.h"
+
+namespace usrc::rc {
+
+struct SendWqe {
+  SendWr wr;
+  uint32_t length = 0;        // total payload bytes
+  uint32_t first_psn = 0;     // assigned at post time (IBA 9.7.1.2)
+  uint32_t npkts = 0;
+  uint8_t inline_data[kMaxInline];
+};
+
+struct RecvWqe {
+  RecvWr wr;
+  uint32_t length = 0;
+};
+
+// A fixed-capacity FIFO with monotonically increasing positions.
+template <class T>
+struct Ring {
+  std::vector<T> slots;
+  uint64_t head = 0, tail = 0;
+  void init(uint32_t cap) { slots.assign(cap, T{}); head = tail = 0; }
+  uint32_t capacity() const { return static_cast<uint32_t>(slots.size()); }
+  bool full() const { return tail - head >= slots.size(); }
+  bool empty() const { return head == tail; }
+  T &at(uint64_t pos) { return slots[pos % slots.size()]; }
+};
+
+struct Qp {
+  uint32_t qpn = 0;
+  QpState state = QpState::reset;
+  bool sq_sig_all = false;
+  Cq *send_cq = nullptr, *recv_cq = nullptr;
+  const void *pd = nullptr;   // protection domain (compared with MR's)
+  void *user = nullptr;       // owner's back pointer (the verbs QP)
+
+  // QP context (IBA 11.2.4.2 / seed iba-qp-context), set by modify_qp.
+  uint32_t dest_qpn = 0;
+  net::Endpoint peer;
+  uint16_t dlid = 0;
+  uint32_t pmtu = 1024;       // bytes
+  uint32_t access = 0;        // IBV_ACCESS_REMOTE_* allowed to the peer
+  uint8_t timeout = 14;       // Local ACK Timeout exponent
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;      // 7 = retry forever
+  uint8_t min_rnr_timer = 0;  // the RNR NAK timer code we send
+
+  Ring<SendWqe> sq;
+  Ring<RecvWqe> rq;
+
+  // Requester.
+  uint32_t next_psn = 0;      // first PSN of the next posted WQE (sq_psn)
+  uint64_t tx_pos = 0;        // SQ position of the WQE holding tx_psn
+  uint32_t tx_psn = 0;        // next PSN to put on the wire
+  uint32_t tx_high = 0;       // one past the highest PSN ever sent
+  uint32_t window = 64;       // max packets in flight
+
+  // Completer.
+  uint32_t una_psn = 0;       // oldest unacknowledged PSN
+  uint8_t retry_left = 7;
+  uint8_t rnr_left = 7;
+  uint64_t ack_deadline = 0;  // Local ACK Timeout; 0 = disarmed
+  uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
+
+  // Responder.
+  uint32_t epsn = 0;          // expected PSN (rq_psn)
+  uint32_t msn = 0;
+  bool in_msg = false;        // a multi-packet message is being received
+  bool in_send = false;       //   ... and it is a SEND (else a WRITE)
+  bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
+  bool ack_pending = false;   // coalesced ACK to send at the end of the pass
+  bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
+  uint32_t recv_offset = 0;
+  uint8_t *write_ptr = nullptr;
+  uint32_t write_left = 0;
+  uint32_t write_len = 0;
+};
+
+}  // namespace usrc::rc

@@ -1,0 +1,110 @@
+// Requester: turns send WQEs into request packets (IBA 9.7.4.1).
+#include <cstring>
+
+#include "usrc/common/tunables.h"
+#include "usrc/rc/engine.h"
+#include "usrc/rc/psn.h"
+#include "usrc/wire/packet.h"
+
+namespace usrc::rc {
+
+using wire::Opcode;
+
+static Opcode request_opcode(const SendWqe &w, uint32_t k) {
+  bool only = w.npkts == 1, first = k == 0, last = k + 1 == w.npkts;
+  switch (w.wr.opcode) {
+    case WrOpcode::send:
+      return only ? Opcode::RC_SEND_ONLY : first ? Opcode::RC_SEND_FIRST
+                                        : last ? Opcode::RC_SEND_LAST : Opcode::RC_SEND_MIDDLE;
+    case WrOpcode::send_imm:
+      return only ? Opcode::RC_SEND_ONLY_IMM : first ? Opcode::RC_SEND_FIRST
+                                            : last ? Opcode::RC_SEND_LAST_IMM
+                                                   : Opcode::RC_SEND_MIDDLE;
+    case WrOpcode::rdma_write:
+      return only ? Opcode::RC_WRITE_ONLY : first ? Opcode::RC_WRITE_FIRST
+                                         : last ? Opcode::RC_WRITE_LAST : Opcode::RC_WRITE_MIDDLE;
+    case WrOpcode::rdma_write_imm:
+      return only ? Opcode::RC_WRITE_ONLY_IMM : first ? Opcode::RC_WRITE_FIRST
+                                             : last ? Opcode::RC_WRITE_LAST_IMM
+                                                    : Opcode::RC_WRITE_MIDDLE;
+  }
+  return Opcode::RC_SEND_ONLY;
+}
+
+// Transmits what the window allows: new packets and, after go_back_n(),
+// packets again. Bounded per call (design: cap retransmits per pass).
+void Engine::requester_tx(Qp &qp) {
+  if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
+  if (qp.rnr_deadline) return;   // waiting out an RNR NAK
+  uint32_t cap = Tunables::get().retransmit_cap;
+  while (qp.tx_psn != qp.next_psn && cap--) {
+    if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= qp.window) break;
+    SendWqe &w = qp.sq.at(qp.tx_pos);
+    // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
+    if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
+    build_request(qp, w, qp.tx_psn);
+    if (psn_diff(psn_add(qp.tx_psn, 1), qp.tx_high) > 0) qp.tx_high = psn_add(qp.tx_psn, 1);
+    else count(Counter::retransmits);
+    qp.tx_psn = psn_add(qp.tx_psn, 1);
+    if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
+  }
+  if (qp.una_psn != qp.tx_high && !qp.ack_deadline) {
+    uint64_t t = local_ack_timeout_ns(qp.timeout);
+    if (t) {
+      qp.ack_deadline = clock_() + t;
+      arm_timer(qp.ack_deadline);
+    }
+  }
+}
+
+void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn) {
+  uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
+  uint32_t off = k * qp.pmtu;
+  uint32_t len = std::min(qp.pmtu, w.length - std::min(off, w.length));
+  bool last = k + 1 == w.npkts;
+
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(request_opcode(w, k));
+  h.bth.pkey = 0xffff;
+  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.psn = psn;
+  h.bth.se = last && (w.wr.flags & kSolicited);
+  // AckReq on the last packet of a message, and every ack_every packets so
+  // that the window keeps moving during long messages.
+  uint32_t every = Tunables::get().ack_every;
+  h.bth.ack_req = last || (every && (psn % every) == 0);
+  if (k == 0) h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
+  h.imm_be = w.wr.imm_be;
+
+  TxSlot &s = tx_slot();
+  size_t hl = wire::build_headers(h, len, s.hdr);
+  // Gather the payload straight from the registered buffers (no copy).
+  size_t pieces = 0;
+  uint32_t skip = off, need = len;
+  for (uint32_t i = 0; i < w.wr.num_sge && need; i++) {
+    const Sge &g = w.wr.sge[i];
+    if (skip >= g.length) {
+      skip -= g.length;
+      continue;
+    }
+    uint32_t take = std::min(g.length - skip, need);
+    s.iov[1 + pieces++] = {g.addr + skip, take};
+    need -= take;
+    skip = 0;
+  }
+  tx_commit(qp, hl, len, pieces);
+}
+
+// Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).
+void Engine::go_back_n(Qp &qp, uint32_t psn) {
+  qp.tx_psn = psn;
+  uint64_t pos = qp.sq.head;
+  while (pos != qp.sq.tail) {
+    SendWqe &w = qp.sq.at(pos);
+    if (psn_lt(psn, psn_add(w.first_psn, w.npkts))) break;
+    pos++;
+  }
+  qp.tx_pos = pos;
+}
+
+}  // namespace usrc::rc

@@ -1,0 +1,179 @@
+// Responder: checks each request against the expected PSN, executes it,
+// and acknowledges (IBA 9.7.4.2, 9.7.5.2).
+#include <cstring>
+
+#include "usrc/rc/engine.h"
+#include "usrc/rc/packet_view.h"
+#include "usrc/rc/psn.h"
+
+namespace usrc::rc {
+
+using wire::Opcode;
+
+void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE);
+  h.bth.pkey = 0xffff;
+  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.psn = psn;
+  h.aeth = {syndrome, qp.msn};
+  TxSlot &s = tx_slot();
+  size_t hl = wire::build_headers(h, 0, s.hdr);
+  tx_commit(qp, hl, 0, 0);
+  switch (wire::aeth_type(syndrome)) {
+    case wire::AckType::ack: count(Counter::acks_sent); break;
+    case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
+    default:
+      count(wire::aeth_value(syndrome) == wire::NAK_PSN_SEQ ? Counter::seq_naks_sent
+                                                            : Counter::other_naks_sent);
+  }
+}
+
+void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
+                           uint32_t imm_be, bool solicited) {
+  RecvWqe &r = qp.rq.at(qp.rq.head);
+  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn,
+                    qp.dlid, clock_()});
+  qp.rq.head++;
+}
+
+// Scatter len bytes at offset off of the receive WQE's buffers.
+static void scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
+  for (uint32_t i = 0; i < r.wr.num_sge && len; i++) {
+    const Sge &g = r.wr.sge[i];
+    if (off >= g.length) {
+      off -= g.length;
+      continue;
+    }
+    uint32_t n = std::min(g.length - off, len);
+    std::memcpy(g.addr + off, src, n);
+    src += n;
+    len -= n;
+    off = 0;
+  }
+}
+
+void Engine::responder_rx(Qp &qp, const PacketView &v) {
+  const uint32_t psn = v.psn();
+  const int32_t d = psn_diff(psn, qp.epsn);
+  if (d < 0) {
+    // Duplicate (IBA 9.7.5.2.2): already executed; acknowledge again so a
+    // requester whose ACK was lost makes progress.
+    count(Counter::duplicates);
+    if (!qp.ack_pending) ack_list_.push_back(&qp);
+    qp.ack_pending = true;
+    return;
+  }
+  if (d > 0) {
+    // PSN sequence error (IBA 9.7.5.2.3): NAK once, then drop silently
+    // until the expected PSN arrives.
+    if (!qp.nak_sent) {
+      qp.nak_sent = true;
+      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
+    }
+    return;
+  }
+
+  const uint32_t mask = v.p.info->mask;
+  const bool is_send = mask & wire::IS_SEND, is_write = mask & wire::IS_WRITE;
+  const bool first = mask & wire::IS_FIRST, last = mask & wire::IS_LAST;
+  const uint32_t len = static_cast<uint32_t>(v.p.payload_len);
+
+  auto invalid = [&] {
+    // C9-...: an invalid request is NAKed and the responder's QP fails.
+    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
+    qp.nak_sent = true;
+    set_state(qp, QpState::err);
+    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
+  };
+
+  if (!is_send && !is_write) {   // READ and ATOMIC are not executed yet
+    invalid();
+    return;
+  }
+  // Opcode sequence (IBA 9.7.4.2.2): FIRST/ONLY start a message, MIDDLE/
+  // LAST continue one of the same kind.
+  if (first == qp.in_msg || (qp.in_msg && qp.in_send != is_send)) {
+    invalid();
+    return;
+  }
+  // Payload sizes (C9-...): FIRST and MIDDLE are exactly one PMTU.
+  if ((!last && len != qp.pmtu) || len > qp.pmtu || (last && !first && len == 0)) {
+    invalid();
+    return;
+  }
+  if (!qp.comm_est) {
+    qp.comm_est = true;
+    if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
+  }
+
+  const bool imm = mask & wire::HAS_IMMDT;
+  const bool needs_rwqe = is_send || imm;
+  if (needs_rwqe && qp.rq.empty()) {
+    // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back.
+    send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
+    qp.nak_sent = true;
+    return;
+  }
+
+  if (is_send) {
+    if (first) qp.recv_offset = 0;
+    RecvWqe &r = qp.rq.at(qp.rq.head);
+    if (static_cast<uint64_t>(qp.recv_offset) + len > r.length) {
+      // Message longer than the receive buffer: the WQE completes with a
+      // local length error and the requester gets an invalid request NAK.
+      complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
+      invalid();
+      return;
+    }
+    scatter(r, qp.recv_offset, v.p.payload, len);
+    qp.recv_offset += len;
+  } else {
+    if (first) {
+      const wire::Reth &reth = v.p.h.reth;
+      qp.write_len = qp.write_left = reth.dma_len;
+      qp.write_ptr = nullptr;
+      if (reth.dma_len) {
+        qp.write_ptr = (qp.access & kAccessRemoteWrite)
+                           ? mem_->resolve(qp.pd, reth.rkey, reth.va, reth.dma_len,
+                                           kAccessRemoteWrite)
+                           : nullptr;
+        if (!qp.write_ptr) {
+          // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
+          send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
+          qp.nak_sent = true;
+          set_state(qp, QpState::err);
+          if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
+          return;
+        }
+      }
+    }
+    if (len > qp.write_left || (last && len != qp.write_left)) {
+      invalid();
+      return;
+    }
+    if (len) std::memcpy(qp.write_ptr, v.p.payload, len);
+    qp.write_ptr += len;
+    qp.write_left -= len;
+  }
+
+  qp.in_msg = !last;
+  qp.in_send = is_send;
+  if (last) {
+    if (is_send)
+      complete_recv(qp, WcStatus::success, WcOpcode::recv, qp.recv_offset, imm, v.p.h.imm_be,
+                    v.p.h.bth.se);
+    else if (imm)
+      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.write_len, true,
+                    v.p.h.imm_be, v.p.h.bth.se);
+    qp.msn = msn_add(qp.msn, 1);
+  }
+  qp.epsn = psn_add(qp.epsn, 1);
+  qp.nak_sent = false;
+  if (v.p.h.bth.ack_req) {
+    if (!qp.ack_pending) ack_list_.push_back(&qp);
+    qp.ack_pending = true;
+  }
+}
+
+}  // namespace usrc::rc

@@ -1,0 +1,72 @@
+// Work requests and completions as the transport sees them. No libibverbs
+// types here; the numeric values of the enums equal the verbs ones (the glue
+// static_asserts this) so the glue converts by cast.
+#pragma once
+
+#include <cstdint>
+
+namespace usrc::rc {
+
+constexpr uint32_t kMaxSge = 8;          // per work request, send and receive
+constexpr uint32_t kMaxInline = 256;     // bytes of inline data per send WR
+constexpr uint32_t kMaxWr = 16384;       // per queue
+constexpr uint32_t kMaxMsgSize = 1u << 31;
+
+enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };
+
+enum class WcStatus : uint8_t {   // = enum ibv_wc_status
+  success = 0, loc_len_err = 1, loc_qp_op_err = 2, loc_prot_err = 4, wr_flush_err = 5,
+  rem_inv_req_err = 9, rem_access_err = 10, rem_op_err = 11, retry_exc_err = 12,
+  rnr_retry_exc_err = 13, fatal_err = 19, general_err = 21,
+};
+
+enum class WcOpcode : uint8_t {   // = enum ibv_wc_opcode
+  send = 0, rdma_write = 1, rdma_read = 2, comp_swap = 3, fetch_add = 4,
+  recv = 128, recv_rdma_with_imm = 129,
+};
+
+enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
+  rdma_write = 0, rdma_write_imm = 1, send = 2, send_imm = 3,
+};
+
+enum WrFlags : uint32_t {         // = enum ibv_send_flags
+  kFence = 1, kSignaled = 2, kSolicited = 4, kInline = 8,
+};
+
+struct Sge {
+  uint8_t *addr;
+  uint32_t length;
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::send;
+  uint32_t flags = 0;
+  uint32_t imm_be = 0;            // network byte order, as in ibv_send_wr
+  uint64_t remote_va = 0;
+  uint32_t rkey = 0;
+  uint32_t num_sge = 0;
+  Sge sge[kMaxSge];               // validated by the glue (lkey, bounds, access)
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  uint32_t num_sge = 0;
+  Sge sge[kMaxSge];
+};
+
+struct Completion {
+  uint64_t wr_id;
+  WcStatus status;
+  WcOpcode opcode;
+  bool with_imm;
+  bool solicited;
+  uint32_t byte_len;
+  uint32_t imm_be;
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint16_t slid;
+  uint64_t timestamp_ns;
+};
+
+}  // namespace usrc::rc

@@ -1,0 +1,153 @@
+// The verbs glue: libibverbs objects wrapping the transport's. One file per
+// object family (device.cpp, pd_mr.cpp, cq.cpp, qp.cpp, channel.cpp), as in
+// rdma-core's providers; nothing here implements protocol.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+
+#include "usrc/device.h"
+#include "usrc/rc/engine.h"
+#include "verbs_pabi34.h"
+
+namespace usrc {
+
+struct Device {
+  verbs_device vdev;           // must be first: libibverbs owns the prefix
+  DeviceConfig *cfg;
+};
+
+struct Pd {
+  ibv_pd pd;
+  std::atomic<uint32_t> users{0};   // MRs and QPs using it
+};
+
+struct Mr {
+  verbs_mr vmr;
+  Pd *pd;
+  uint8_t *addr;
+  uint64_t iova;
+  uint64_t length;
+  uint32_t access;
+};
+
+class Context;
+
+struct Cq {
+  verbs_cq vcq;                // first: ibv_cq* converts to Cq*
+  Context *ctx;
+  int chan_wfd = -1;           // completion channel, writer end
+  std::atomic<uint32_t> qps{0};
+  struct Events final : rc::Cq::Hooks {
+    Cq *cq;
+    explicit Events(Cq *c) : cq(c) {}
+    void notify(rc::Cq &) override;
+    void overflow(rc::Cq &) override;
+  } events{this};
+  rc::Cq ring;
+  Cq(Context *c, uint32_t depth) : ctx(c), ring(depth, &events) {}
+};
+
+struct Qp {
+  verbs_qp vqp;
+  Context *ctx;
+  rc::Qp *t;                   // transport state, owned by the engine
+  ibv_qp_attr attr{};          // every attribute as last set, for query_qp
+  ibv_qp_init_attr init{};
+};
+
+// Everything of one ibv_context that is not libibverbs' own: the engine, its
+// progress thread, the MR table, the async event socket, the counters.
+class Context final : public rc::MemoryAccess, public rc::EngineHooks {
+ public:
+  static Context *open(const DeviceConfig &cfg, std::string *err);
+  ~Context();
+
+  rc::Engine &engine() { return *engine_; }
+  const DeviceConfig &cfg() const { return cfg_; }
+  int async_read_fd() const { return async_fd_[0]; }
+
+  // Wakes the progress thread if the engine now has an earlier timer than
+  // the one it sleeps for. Call after releasing engine().mu.
+  void kick();
+  // Progress from the caller's thread if nobody else is at it (poll_cq).
+  void try_progress();
+  void async_event(void *element, ibv_event_type type);
+
+  // MR table; guarded by engine().mu.
+  uint32_t add_mr(Mr *mr);
+  void remove_mr(uint32_t key);
+  Mr *find_mr(uint32_t key);
+
+  uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+                   uint32_t access) override;
+  void qp_event(rc::Qp &qp, rc::QpEvent ev) override;
+
+ private:
+  Context() = default;
+  void progress_loop();
+  void flush_counters();
+
+  DeviceConfig cfg_;
+  std::unique_ptr<rc::Engine> engine_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> sleep_until_{0};   // the progress thread's wake time
+  int wake_fd_ = -1;                        // eventfd
+  int async_fd_[2] = {-1, -1};
+  CountersFile *shm_ = nullptr;
+  std::array<uint64_t, kNumCounters> flushed_{};
+  uint64_t last_flush_ = 0;
+  std::unordered_map<uint32_t, Mr *> mrs_;
+  uint32_t next_key_ = 0x100;
+};
+
+struct VerbsContext {
+  verbs_context vctx;          // allocated by libibverbs with this layout
+  Context *impl;
+};
+
+inline VerbsContext *to_vctx(ibv_context *c) {
+  return reinterpret_cast<VerbsContext *>(reinterpret_cast<char *>(c) -
+                                          offsetof(verbs_context, context));
+}
+inline Context &impl(ibv_context *c) { return *to_vctx(c)->impl; }
+inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
+inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
+inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
+inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
+uint64_t now_ns();
+
+// The ops, by family.
+int query_device_ex(ibv_context *, const ibv_query_device_ex_input *, ibv_device_attr_ex *, size_t);
+int query_port(ibv_context *, uint8_t, ibv_port_attr *);
+ibv_pd *alloc_pd(ibv_context *);
+int dealloc_pd(ibv_pd *);
+ibv_mr *reg_mr(ibv_pd *, void *, size_t, uint64_t, int);
+int dereg_mr(verbs_mr *);
+ibv_cq *create_cq(ibv_context *, int, ibv_comp_channel *, int);
+int destroy_cq(ibv_cq *);
+int poll_cq(ibv_cq *, int, ibv_wc *);
+int req_notify_cq(ibv_cq *, int);
+void cq_event(ibv_cq *);
+int resize_cq(ibv_cq *, int);
+ibv_qp *create_qp(ibv_pd *, ibv_qp_init_attr *);
+ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *);
+int modify_qp(ibv_qp *, ibv_qp_attr *, int);
+int query_qp(ibv_qp *, ibv_qp_attr *, int, ibv_qp_init_attr *);
+int destroy_qp(ibv_qp *);
+int post_send(ibv_qp *, ibv_send_wr *, ibv_send_wr **);
+int post_recv(ibv_qp *, ibv_recv_wr *, ibv_recv_wr **);
+void async_event_op(ibv_context *, ibv_async_event *);
+
+// channel.cpp: completion channels of usrc contexts.
+int channel_writer(ibv_comp_channel *ch);   // -1 if not one of ours
+
+// qp_attr.cpp: the IBA modify_qp rules, free of side effects.
+int check_modify_qp(ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next);
+
+}  // namespace usrc

@@ -1,0 +1,121 @@
+// RoCE v2 packets: the IBA base transport header and extended headers in a
+// UDP payload, with the ICRC at the end (IBA vol. 1 ch. 9, annex A17).
+// One table describes every opcode (which headers, in which order, what the
+// packet does); build and parse both follow it. parse() never trusts input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace usrc::wire {
+
+constexpr uint16_t kRoceV2Port = 4791;
+constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28,
+                 kAtomicAckEthLen = 8, kImmDtLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
+constexpr size_t kMaxHdrLen = 64;
+
+// IBA 9.2.1 table 38 (RC 000b, UC 001b, UD 011b in the top three bits).
+enum class Opcode : uint8_t {
+  RC_SEND_FIRST = 0x00, RC_SEND_MIDDLE = 0x01, RC_SEND_LAST = 0x02, RC_SEND_LAST_IMM = 0x03,
+  RC_SEND_ONLY = 0x04, RC_SEND_ONLY_IMM = 0x05, RC_WRITE_FIRST = 0x06, RC_WRITE_MIDDLE = 0x07,
+  RC_WRITE_LAST = 0x08, RC_WRITE_LAST_IMM = 0x09, RC_WRITE_ONLY = 0x0a,
+  RC_WRITE_ONLY_IMM = 0x0b, RC_READ_REQUEST = 0x0c, RC_READ_RESPONSE_FIRST = 0x0d,
+  RC_READ_RESPONSE_MIDDLE = 0x0e, RC_READ_RESPONSE_LAST = 0x0f, RC_READ_RESPONSE_ONLY = 0x10,
+  RC_ACKNOWLEDGE = 0x11, RC_ATOMIC_ACKNOWLEDGE = 0x12, RC_COMPARE_SWAP = 0x13,
+  RC_FETCH_ADD = 0x14, RC_SEND_LAST_INV = 0x16, RC_SEND_ONLY_INV = 0x17,
+  UC_SEND_FIRST = 0x20, UC_SEND_MIDDLE = 0x21, UC_SEND_LAST = 0x22, UC_SEND_LAST_IMM = 0x23,
+  UC_SEND_ONLY = 0x24, UC_SEND_ONLY_IMM = 0x25, UC_WRITE_FIRST = 0x26, UC_WRITE_MIDDLE = 0x27,
+  UC_WRITE_LAST = 0x28, UC_WRITE_LAST_IMM = 0x29, UC_WRITE_ONLY = 0x2a,
+  UC_WRITE_ONLY_IMM = 0x2b,
+  UD_SEND_ONLY = 0x64, UD_SEND_ONLY_IMM = 0x65,
+};
+
+enum HdrMask : uint32_t {
+  HAS_RETH = 1u << 0, HAS_AETH = 1u << 1, HAS_ATOMICETH = 1u << 2, HAS_ATOMICACKETH = 1u << 3,
+  HAS_IMMDT = 1u << 4, HAS_IETH = 1u << 5, HAS_DETH = 1u << 6, HAS_PAYLOAD = 1u << 7,
+  IS_REQUEST = 1u << 8,    // handled by the responder
+  IS_RESPONSE = 1u << 9,   // READ response, ACK, ATOMIC ACK: handled by the completer
+  IS_FIRST = 1u << 10,     // starts a message (FIRST and ONLY)
+  IS_MIDDLE = 1u << 11,
+  IS_LAST = 1u << 12,      // ends a message (LAST and ONLY)
+  IS_SEND = 1u << 13, IS_WRITE = 1u << 14, IS_READ = 1u << 15, IS_ATOMIC = 1u << 16,
+  CONSUMES_RWQE = 1u << 17,
+};
+
+struct OpcodeInfo {
+  const char *name;
+  uint32_t mask;
+  uint8_t hdr_len;   // BTH + extended headers
+};
+const OpcodeInfo *opcode_info(uint8_t opcode);   // nullptr if not a valid opcode
+
+struct Bth {
+  uint8_t opcode = 0;
+  bool se = false, mig_req = false;
+  uint8_t pad_cnt = 0, tver = 0;
+  uint16_t pkey = 0xffff;
+  bool fecn = false, becn = false;
+  uint32_t dest_qp = 0;   // 24 bits
+  bool ack_req = false;
+  uint32_t psn = 0;       // 24 bits
+};
+struct Reth { uint64_t va = 0; uint32_t rkey = 0; uint32_t dma_len = 0; };
+struct Aeth { uint8_t syndrome = 0; uint32_t msn = 0; };
+struct AtomicEth { uint64_t va = 0; uint32_t rkey = 0; uint64_t swap_add = 0, compare = 0; };
+struct Deth { uint32_t qkey = 0; uint32_t src_qp = 0; };
+
+// AETH syndrome (IBA 9.7.5.1, table 44).
+enum class AckType { ack, rnr_nak, reserved, nak };
+enum NakCode : uint8_t {
+  NAK_PSN_SEQ = 0, NAK_INVALID_REQUEST = 1, NAK_REMOTE_ACCESS = 2, NAK_REMOTE_OP = 3,
+  NAK_INVALID_RD = 4,
+};
+constexpr AckType aeth_type(uint8_t syndrome) {
+  switch (syndrome >> 5) {
+    case 0: return AckType::ack;
+    case 1: return AckType::rnr_nak;
+    case 3: return AckType::nak;
+    default: return AckType::reserved;
+  }
+}
+constexpr uint8_t aeth_value(uint8_t syndrome) { return syndrome & 0x1f; }
+constexpr uint8_t aeth_ack(uint8_t credits = 0x1f) { return credits & 0x1f; }
+constexpr uint8_t aeth_rnr_nak(uint8_t timer) { return 0x20 | (timer & 0x1f); }
+constexpr uint8_t aeth_nak(uint8_t code) { return 0x60 | (code & 0x1f); }
+
+// All headers of a packet in host byte order, except imm_be which stays in
+// network order as ibv_wc/ibv_send_wr carry it.
+struct Headers {
+  Bth bth;
+  Reth reth;
+  Aeth aeth;
+  AtomicEth atomic;
+  uint64_t atomic_ack = 0;
+  uint32_t imm_be = 0;
+  uint32_t ieth = 0;
+  Deth deth;
+};
+
+enum class ParseError { ok, too_short, bad_opcode, bad_tver, bad_pad, bad_length, bad_icrc };
+const char *to_string(ParseError e);
+
+struct Parsed {
+  Headers h;
+  const OpcodeInfo *info = nullptr;
+  const uint8_t *payload = nullptr;
+  size_t payload_len = 0;   // without pad and ICRC
+  uint32_t icrc = 0;        // as on the wire (stored little-endian)
+};
+
+constexpr uint8_t pad_for(size_t payload_len) {
+  return static_cast<uint8_t>((4 - (payload_len & 3)) & 3);
+}
+
+// buf/len: the whole UDP payload, ICRC included.
+ParseError parse(const uint8_t *buf, size_t len, Parsed &out);
+// Writes the BTH and the extended headers of h.bth.opcode into out (at least
+// kMaxHdrLen bytes); pad_cnt comes from payload_len. Returns the header
+// length, 0 for an invalid opcode.
+size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
+
+}  // namespace usrc::wire

@@ -1,0 +1,45 @@
+# Helpers for the integration tests (sourced). Every test uses a private
+# USRC_ROOT and cleans up after itself.
+set -u
+USRC=${USRC:?path to the usrc CLI}
+export USRC_PROVIDER=${USRC_PROVIDER:?path to libusrc-rdmav34.so}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "--- $*"; }
+
+new_root() {
+  export USRC_ROOT=$(mktemp -d /tmp/usrc-test.XXXXXX)
+  chmod 755 "$USRC_ROOT"
+}
+
+# Random-ish TCP port for the pingpong's out-of-band exchange.
+pick_port() { echo $(( 30000 + RANDOM % 20000 )); }
+
+wait_listen() {   # wait_listen [netns] port
+  local ns=$1 port=$2 i
+  for i in $(seq 1 100); do
+    if ${ns:+ip netns exec $ns} ss -ltn 2>/dev/null | grep -q ":$port "; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# run_pair NAME SERVER_NS CLIENT_NS SERVER_ADDR TIMEOUT -- PROGRAM [ARGS...]
+# Runs PROGRAM as server and as client (client gets SERVER_ADDR appended),
+# both through `usrc exec`; both must exit 0. Server output in $OUT.srv,
+# client output in $OUT.cli.
+run_pair() {
+  local name=$1 sns=$2 cns=$3 addr=$4 tmo=$5; shift 6
+  OUT=$(mktemp /tmp/usrc-out.XXXXXX)
+  local port; port=$(pick_port)
+  ${sns:+ip netns exec $sns} timeout "$tmo" "$USRC" exec -- "$@" -p "$port" >"$OUT.srv" 2>&1 &
+  local spid=$!
+  wait_listen "$sns" "$port" || { kill $spid 2>/dev/null; cat "$OUT.srv"; fail "$name: server did not listen"; }
+  ${cns:+ip netns exec $cns} timeout "$tmo" "$USRC" exec -- "$@" -p "$port" "$addr" >"$OUT.cli" 2>&1
+  local crc=$?
+  wait $spid; local src=$?
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+    echo "== server ($src):"; cat "$OUT.srv"; echo "== client ($crc):"; cat "$OUT.cli"
+    fail "$name"
+  fi
+  note "$name: $(grep -h 'bytes in' "$OUT.cli" | head -1)"
+}

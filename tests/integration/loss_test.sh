@@ -1,0 +1,58 @@
+#!/bin/bash
+# Real packet loss: two network namespaces joined by a veth pair, nftables
+# dropping a share of usrc's UDP packets on input in both, stock
+# ibv_rc_pingpong with -c (data checked) must complete.
+# Usage: loss_test.sh USRC_CLI PROVIDER_SO PERCENT [ITERS]
+USRC=$1 USRC_PROVIDER=$2 PCT=$3 ITERS=${4:-300}
+. "$(dirname "$0")/lib.sh"
+command -v ibv_rc_pingpong >/dev/null || { echo "ibv_rc_pingpong not installed"; exit 77; }
+command -v nft >/dev/null || { echo "nft not installed"; exit 77; }
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces)"; exit 77; }
+
+A=usrcA$$ B=usrcB$$
+new_root
+cleanup() {
+  ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
+  rm -rf "$USRC_ROOT" /tmp/usrc-out.*
+}
+trap cleanup EXIT
+ip netns add $A && ip netns add $B || fail "netns"
+ip link add va$$ netns $A type veth peer name vb$$ netns $B || fail "veth"
+ip -n $A addr add 10.201.0.1/24 dev va$$ && ip -n $B addr add 10.201.0.2/24 dev vb$$
+ip -n $A link set va$$ up && ip -n $B link set vb$$ up
+ip -n $A link set lo up && ip -n $B link set lo up
+for ns in $A $B; do
+  ip netns exec $ns nft -f - <<NFT || fail "nft"
+table inet usrcloss {
+  chain in {
+    type filter hook input priority 0;
+    udp dport 20000-24095 numgen random mod 100 < $PCT counter drop
+  }
+}
+NFT
+done
+ip netns exec $A "$USRC" link add la netdev va$$ || fail "link add A"
+ip netns exec $B "$USRC" link add lb netdev vb$$ || fail "link add B"
+
+
+# The server uses device lb in namespace B, the client la in namespace A:
+# run them by hand since the device names differ.
+port=$(pick_port)
+ip netns exec $B timeout 240 "$USRC" exec -- ibv_rc_pingpong -d lb -c -n "$ITERS" -p $port >/tmp/usrc-out.srv 2>&1 &
+spid=$!
+wait_listen $B $port || fail "server did not listen"
+ip netns exec $A timeout 240 "$USRC" exec -- ibv_rc_pingpong -d la -c -n "$ITERS" -p $port 10.201.0.2 >/tmp/usrc-out.cli 2>&1
+crc=$?
+wait $spid; src=$?
+if [ $crc -ne 0 ] || [ $src -ne 0 ]; then
+  echo "== server ($src):"; cat /tmp/usrc-out.srv; echo "== client ($crc):"; cat /tmp/usrc-out.cli
+  fail "pingpong under $PCT% loss"
+fi
+note "loss $PCT%: $(grep 'bytes in' /tmp/usrc-out.cli)"
+dropped=$(ip netns exec $A nft list ruleset | grep -o 'packets [0-9]*' | awk '{s+=$2} END {print s}')
+dropped_b=$(ip netns exec $B nft list ruleset | grep -o 'packets [0-9]*' | awk '{s+=$2} END {print s}')
+note "nftables dropped $dropped (A) + $dropped_b (B) packets"
+[ "$PCT" = 0 ] || [ $((dropped + dropped_b)) -gt 0 ] || fail "no packet was dropped: the test did not test loss"
+"$USRC" stats la
+"$USRC" stats lb
+echo "PASS"

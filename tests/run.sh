@@ -1,0 +1,9 @@
+#!/bin/bash
+# Installs the dependencies, builds, and runs the whole test suite (as root:
+# the integration tests create devices, namespaces and veth pairs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j2
+ctest --test-dir build --output-on-failure -j1 --timeout 600

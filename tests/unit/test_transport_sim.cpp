@@ -1,0 +1,378 @@
+// The RC transport between two engines over the deterministic simulated
+// network: exactly-once, in-order, byte-exact delivery under drop,
+// duplication, reordering, delay and corruption, and the right error
+// statuses when the peer vanishes or retries run out.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "usrc/net/sim.h"
+#include "usrc/rc/engine.h"
+#include "usrc/rc/psn.h"
+
+using namespace usrc;
+using namespace usrc::rc;
+
+namespace {
+
+struct Mem final : MemoryAccess {
+  struct Region { uint8_t *p; uint64_t va, len; uint32_t access; };
+  std::map<uint32_t, Region> regions;
+  uint8_t *resolve(const void *, uint32_t rkey, uint64_t va, uint64_t len,
+                   uint32_t access) override {
+    auto it = regions.find(rkey);
+    if (it == regions.end() || (it->second.access & access) != access) return nullptr;
+    const Region &r = it->second;
+    if (va < r.va || va + len > r.va + r.len) return nullptr;
+    return r.p + (va - r.va);
+  }
+};
+
+struct Side {
+  Cq scq{65536, nullptr}, rcq{65536, nullptr};
+  Mem mem;
+  std::unique_ptr<Engine> e;
+  Qp *qp = nullptr;
+};
+
+struct Pair {
+  net::SimNetwork net;
+  Side a, b;
+  static constexpr uint16_t kBase = 20000;
+
+  explicit Pair(uint64_t seed, net::SimFaults f = {}, uint32_t pmtu = 1024, uint32_t psn_a = 0,
+                uint32_t psn_b = 0, uint32_t depth = 4096)
+      : net(seed, f) {
+    net::Endpoint ea{0x0a000001, kBase + 1}, eb{0x0a000002, kBase + 2};
+    auto clock = [this] { return net.now(); };
+    a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, kBase, clock, &a.mem, nullptr);
+    b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, kBase, clock, &b.mem, nullptr);
+    a.qp = a.e->create_qp(depth, depth);
+    b.qp = b.e->create_qp(depth, depth);
+    connect(a, b, eb, pmtu, psn_a, psn_b);
+    connect(b, a, ea, pmtu, psn_b, psn_a);
+  }
+  static void connect(Side &s, Side &peer, net::Endpoint pe, uint32_t pmtu, uint32_t my_psn,
+                      uint32_t peer_psn) {
+    Qp &q = *s.qp;
+    q.send_cq = &s.scq;
+    q.recv_cq = &s.rcq;
+    q.dest_qpn = peer.qp->qpn;
+    q.peer = pe;
+    q.pmtu = pmtu;
+    q.access = kAccessRemoteWrite;
+    q.timeout = 10;        // 4 ms
+    q.retry_cnt = 7;
+    q.rnr_retry = 7;
+    q.min_rnr_timer = 1;   // 10 us
+    s.e->set_state(q, QpState::init);
+    s.e->set_rq_psn(q, peer_psn);
+    s.e->set_state(q, QpState::rtr);
+    s.e->set_sq_psn(q, my_psn);
+    s.e->set_state(q, QpState::rts);
+  }
+  // Runs both engines until pred() or the virtual time limit.
+  template <class P>
+  bool run(P pred, uint64_t limit_ns = 60'000'000'000ull) {
+    for (int iter = 0; iter < 50'000'000; iter++) {
+      a.e->progress();
+      b.e->progress();
+      if (pred()) return true;
+      uint64_t next = std::min({net.next_delivery(), a.e->next_deadline(), b.e->next_deadline()});
+      if (next == UINT64_MAX || net.now() > limit_ns) return pred();
+      if (next > net.now()) net.advance(next - net.now());
+      else net.advance(100);
+    }
+    return pred();
+  }
+};
+
+std::vector<Completion> drain(Cq &cq) {
+  std::vector<Completion> out;
+  Completion c[64];
+  while (size_t n = cq.poll(c, 64)) out.insert(out.end(), c, c + n);
+  return out;
+}
+
+// Sends n messages of random sizes from a to b and checks delivery.
+void send_messages(Pair &p, int n, uint32_t max_len, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint8_t>> tx(n), rx(n);
+  for (int i = 0; i < n; i++) {
+    uint32_t len = std::uniform_int_distribution<uint32_t>(0, max_len)(rng);
+    tx[i].resize(len);
+    for (auto &x : tx[i]) x = static_cast<uint8_t>(rng());
+    rx[i].assign(max_len + 16, 0xee);
+    RecvWr r;
+    r.wr_id = 1000 + i;
+    // Two SGEs to exercise scatter.
+    uint32_t half = (max_len + 16) / 2;
+    r.num_sge = 2;
+    r.sge[0] = {rx[i].data(), half};
+    r.sge[1] = {rx[i].data() + half, max_len + 16 - half};
+    REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  }
+  for (int i = 0; i < n; i++) {
+    SendWr w;
+    w.wr_id = i;
+    w.opcode = (i % 3 == 0) ? WrOpcode::send_imm : WrOpcode::send;
+    w.imm_be = 0x01020304u + i;
+    w.flags = kSignaled;
+    w.num_sge = 1;
+    w.sge[0] = {tx[i].data(), static_cast<uint32_t>(tx[i].size())};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  std::vector<Completion> sc, rcv;
+  bool ok = p.run([&] {
+    auto s = drain(p.a.scq), r = drain(p.b.rcq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    rcv.insert(rcv.end(), r.begin(), r.end());
+    return sc.size() == size_t(n) && rcv.size() == size_t(n);
+  });
+  INFO("sent " << p.net.stats.sent << " dropped " << p.net.stats.dropped << " dup "
+               << p.net.stats.duplicated << " reordered " << p.net.stats.reordered
+               << " corrupted " << p.net.stats.corrupted);
+  REQUIRE(ok);
+  for (int i = 0; i < n; i++) {
+    CHECK(sc[i].status == WcStatus::success);
+    CHECK(sc[i].wr_id == uint64_t(i));
+    REQUIRE(rcv[i].status == WcStatus::success);
+    REQUIRE(rcv[i].wr_id == uint64_t(1000 + i));   // in order, exactly once
+    REQUIRE(rcv[i].byte_len == tx[i].size());
+    CHECK(rcv[i].with_imm == (i % 3 == 0));
+    if (i % 3 == 0) CHECK(rcv[i].imm_be == 0x01020304u + i);
+    REQUIRE(std::memcmp(rx[i].data(), tx[i].data(), tx[i].size()) == 0);
+    CHECK(rx[i][tx[i].size()] == 0xee);   // nothing written past the message
+  }
+  // Nothing more arrives later (no duplicate delivery).
+  p.run([] { return false; }, p.net.now() + 200'000'000);
+  CHECK(drain(p.b.rcq).empty());
+  CHECK(drain(p.a.scq).empty());
+}
+
+}  // namespace
+
+TEST_CASE("messages from 0 bytes to several MTUs arrive exactly once, in order", "[sim]") {
+  Pair p(1);
+  send_messages(p, 200, 5000, 11);
+  CHECK(p.a.e->counters[uint32_t(Counter::retransmits)] == 0);
+}
+
+TEST_CASE("delivery survives seeded drop rates from 1% to 30%", "[sim]") {
+  for (double drop : {0.01, 0.05, 0.1, 0.3}) {
+    DYNAMIC_SECTION("drop " << drop) {
+      net::SimFaults f;
+      f.drop = drop;
+      Pair p(42 + uint64_t(drop * 100), f);
+      send_messages(p, 100, 4000, 7);
+      CHECK(p.a.e->counters[uint32_t(Counter::retransmits)] > 0);
+    }
+  }
+}
+
+TEST_CASE("duplication, reordering, delay and corruption", "[sim]") {
+  net::SimFaults f;
+  f.duplicate = 0.05;
+  f.reorder = 0.1;
+  f.corrupt = 0.02;
+  f.drop = 0.02;
+  f.delay_ns = 50'000;
+  Pair p(7, f);
+  send_messages(p, 150, 3000, 3);
+  CHECK(p.a.e->counters[uint32_t(Counter::malformed_drops)] +
+            p.b.e->counters[uint32_t(Counter::malformed_drops)] > 0);
+  CHECK(p.b.e->counters[uint32_t(Counter::duplicates)] > 0);
+}
+
+TEST_CASE("PSNs roll over from FFFFFFh to 0", "[sim]") {
+  Pair p(5, {}, 256, 0xfffff0, 0xffffe0);
+  send_messages(p, 40, 2000, 9);
+  CHECK(psn_lt(0xfffff0, p.a.qp->next_psn));
+  CHECK(p.a.qp->next_psn < 0x1000);   // wrapped
+}
+
+TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then flushes", "[sim]") {
+  Pair p(3);
+  p.a.qp->retry_cnt = 3;
+  p.a.e->set_state(*p.a.qp, QpState::rts);
+  p.a.qp->retry_left = 3;
+  p.net.set_partitioned(p.b.e->nic().local(), true);
+  std::vector<uint8_t> buf(100, 1);
+  for (int i = 0; i < 3; i++) {
+    SendWr w;
+    w.wr_id = i;
+    w.flags = kSignaled;
+    w.num_sge = 1;
+    w.sge[0] = {buf.data(), 100};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  uint64_t t0 = p.net.now();
+  std::vector<Completion> sc;
+  REQUIRE(p.run([&] {
+    auto s = drain(p.a.scq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    return sc.size() == 3;
+  }));
+  uint64_t elapsed = p.net.now() - t0;
+  uint64_t t = local_ack_timeout_ns(10);
+  CHECK(sc[0].status == WcStatus::retry_exc_err);
+  CHECK(sc[1].status == WcStatus::wr_flush_err);
+  CHECK(sc[2].status == WcStatus::wr_flush_err);
+  CHECK(elapsed >= 4 * t);
+  CHECK(elapsed < 5 * t);
+  CHECK(p.a.qp->state == QpState::err);
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 4);
+  // A WR posted in ERR completes with "flushed" at once.
+  SendWr w;
+  w.wr_id = 99;
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  auto s = drain(p.a.scq);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].status == WcStatus::wr_flush_err);
+}
+
+TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
+  Pair p(4);
+  p.a.qp->rnr_retry = 2;
+  p.a.qp->rnr_left = 2;
+  SendWr w;
+  w.wr_id = 1;
+  w.flags = kSignaled;
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  std::vector<Completion> sc;
+  REQUIRE(p.run([&] {
+    auto s = drain(p.a.scq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    return !sc.empty();
+  }));
+  CHECK(sc[0].status == WcStatus::rnr_retry_exc_err);
+  CHECK(p.b.e->counters[uint32_t(Counter::rnr_naks_sent)] == 3);
+}
+
+TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted", "[sim]") {
+  Pair p(6);
+  std::vector<uint8_t> tx(3000, 0x5a), rx(3000, 0);
+  SendWr w;
+  w.wr_id = 1;
+  w.flags = kSignaled;
+  w.num_sge = 1;
+  w.sge[0] = {tx.data(), 3000};
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  p.run([] { return false; }, p.net.now() + 5'000'000);   // 5 ms of RNR NAKs
+  CHECK(p.b.e->counters[uint32_t(Counter::rnr_naks_sent)] > 10);
+  CHECK(drain(p.a.scq).empty());
+  RecvWr r;
+  r.wr_id = 2;
+  r.num_sge = 1;
+  r.sge[0] = {rx.data(), 3000};
+  REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  std::vector<Completion> sc;
+  REQUIRE(p.run([&] {
+    auto s = drain(p.a.scq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    return !sc.empty();
+  }));
+  CHECK(sc[0].status == WcStatus::success);
+  CHECK(rx == tx);
+}
+
+TEST_CASE("a message longer than the receive buffer fails both sides", "[sim]") {
+  Pair p(8);
+  std::vector<uint8_t> tx(2000, 1), rx(1000, 0);
+  RecvWr r;
+  r.wr_id = 2;
+  r.num_sge = 1;
+  r.sge[0] = {rx.data(), 1000};
+  REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  SendWr w;
+  w.wr_id = 1;
+  w.flags = kSignaled;
+  w.num_sge = 1;
+  w.sge[0] = {tx.data(), 2000};
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  std::vector<Completion> sc, rcv;
+  REQUIRE(p.run([&] {
+    auto s = drain(p.a.scq), q = drain(p.b.rcq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    rcv.insert(rcv.end(), q.begin(), q.end());
+    return !sc.empty() && !rcv.empty();
+  }));
+  CHECK(sc[0].status == WcStatus::rem_inv_req_err);
+  CHECK(rcv[0].status == WcStatus::loc_len_err);
+  CHECK(p.a.qp->state == QpState::err);
+}
+
+TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive", "[sim]") {
+  net::SimFaults f;
+  f.drop = 0.05;
+  Pair p(9, f);
+  std::vector<uint8_t> target(100000, 0), src(70000);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 7);
+  p.b.mem.regions[77] = {target.data(), 0x10000, target.size(), kAccessRemoteWrite};
+  RecvWr r;
+  r.wr_id = 5;
+  REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  SendWr w;
+  w.wr_id = 1;
+  w.opcode = WrOpcode::rdma_write;
+  w.flags = kSignaled;
+  w.remote_va = 0x10000 + 100;
+  w.rkey = 77;
+  w.num_sge = 1;
+  w.sge[0] = {src.data(), 50000};
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  w.wr_id = 2;
+  w.opcode = WrOpcode::rdma_write_imm;
+  w.imm_be = 0xabcd;
+  w.remote_va = 0x10000 + 60000;
+  w.sge[0] = {src.data() + 50000, 20000};
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  std::vector<Completion> sc, rcv;
+  REQUIRE(p.run([&] {
+    auto s = drain(p.a.scq), q = drain(p.b.rcq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    rcv.insert(rcv.end(), q.begin(), q.end());
+    return sc.size() == 2 && rcv.size() == 1;
+  }));
+  CHECK(sc[0].status == WcStatus::success);
+  CHECK(sc[1].status == WcStatus::success);
+  CHECK(sc[0].opcode == WcOpcode::rdma_write);
+  CHECK(rcv[0].opcode == WcOpcode::recv_rdma_with_imm);
+  CHECK(rcv[0].imm_be == 0xabcd);
+  CHECK(rcv[0].byte_len == 20000);
+  CHECK(std::memcmp(target.data() + 100, src.data(), 50000) == 0);
+  CHECK(std::memcmp(target.data() + 60000, src.data() + 50000, 20000) == 0);
+  CHECK(target[99] == 0);
+  CHECK(target[50100] == 0);
+  CHECK(target[80000] == 0);
+}
+
+TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing written", "[sim]") {
+  for (int variant = 0; variant < 3; variant++) {
+    DYNAMIC_SECTION("variant " << variant) {
+      Pair p(10 + variant);
+      std::vector<uint8_t> target(4096, 0), src(4096, 9);
+      p.b.mem.regions[5] = {target.data(), 0x1000, target.size(),
+                            variant == 2 ? 0u : kAccessRemoteWrite};
+      SendWr w;
+      w.wr_id = 1;
+      w.opcode = WrOpcode::rdma_write;
+      w.flags = kSignaled;
+      w.remote_va = variant == 1 ? 0x1000 + 1 : 0x1000;   // 1: one byte past the end
+      w.rkey = variant == 0 ? 6 : 5;                     // 0: wrong rkey
+      w.num_sge = 1;
+      w.sge[0] = {src.data(), 4096};
+      REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+      std::vector<Completion> sc;
+      REQUIRE(p.run([&] {
+        auto s = drain(p.a.scq);
+        sc.insert(sc.end(), s.begin(), s.end());
+        return !sc.empty();
+      }));
+      CHECK(sc[0].status == WcStatus::rem_access_err);
+      CHECK(std::all_of(target.begin(), target.end(), [](uint8_t x) { return x == 0; }));
+    }
+  }
+}

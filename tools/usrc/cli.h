@@ -1,0 +1,21 @@
+// The `usrc` admin CLI: device lifecycle (link), running programs (exec),
+// counters (stats).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace usrc::cli {
+
+struct LinkAddArgs {
+  std::string name, netdev, type = "ib";
+  int port = 20000;
+};
+int link_add(const LinkAddArgs &a);
+int link_del(const std::string &name);
+int link_show(const std::string &name, bool json);
+int stats_show(const std::string &name, bool json);
+int stats_reset(const std::string &name);
+int exec_cmd(const std::vector<std::string> &argv);
+std::vector<std::string> device_names();   // in this root, sorted
+
+}  // namespace usrc::cli

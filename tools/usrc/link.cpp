@@ -1,0 +1,296 @@
+// `usrc link add|del|show`: the device tree libibverbs reads through
+// SYSFS_PATH (see include/usrc/device.h and README "How it works").
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "cli.h"
+#include "usrc/device.h"
+
+namespace fs = std::filesystem;
+
+namespace usrc::cli {
+
+namespace {
+
+int fail(const std::string &msg) {
+  fprintf(stderr, "usrc: %s\n", msg.c_str());
+  return 1;
+}
+
+void write_file(const fs::path &p, const std::string &content, mode_t mode = 0644) {
+  fs::create_directories(p.parent_path());
+  std::ofstream f(p);
+  f << content;
+  f.close();
+  if (!f) throw std::runtime_error("cannot write " + p.string());
+  chmod(p.c_str(), mode);
+}
+
+std::string read_file(const fs::path &p) {
+  std::ifstream f(p);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+std::string ip_str(uint32_t ip) {
+  in_addr a{htonl(ip)};
+  char b[INET_ADDRSTRLEN];
+  return inet_ntop(AF_INET, &a, b, sizeof b);
+}
+
+// sysfs GID format: eight groups of four hex digits.
+std::string gid_str(const uint8_t g[16]) {
+  char b[40];
+  snprintf(b, sizeof b, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
+           g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13],
+           g[14], g[15]);
+  return b;
+}
+
+std::string guid_str(uint64_t guid) {
+  char b[24];
+  snprintf(b, sizeof b, "%04x:%04x:%04x:%04x", unsigned(guid >> 48) & 0xffff,
+           unsigned(guid >> 32) & 0xffff, unsigned(guid >> 16) & 0xffff, unsigned(guid) & 0xffff);
+  return b;
+}
+
+struct Ipv4 { uint32_t ip; uint32_t prefix; };
+
+std::vector<Ipv4> netdev_ipv4(const std::string &ifname) {
+  std::vector<Ipv4> out;
+  ifaddrs *ifa = nullptr;
+  if (getifaddrs(&ifa) != 0) return out;
+  for (ifaddrs *i = ifa; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || ifname != i->ifa_name) continue;
+    uint32_t ip = ntohl(reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr.s_addr);
+    uint32_t mask = i->ifa_netmask
+                        ? ntohl(reinterpret_cast<sockaddr_in *>(i->ifa_netmask)->sin_addr.s_addr)
+                        : 0xffffffff;
+    out.push_back({ip, static_cast<uint32_t>(__builtin_popcount(mask))});
+  }
+  freeifaddrs(ifa);
+  return out;
+}
+
+// IBA MTUs: the largest that fits the netdev MTU with our headers (IPv4 20,
+// UDP 8, BTH 12, the largest extended header 28, ICRC 4).
+uint32_t active_mtu_for(uint32_t netdev_mtu) {
+  uint32_t best = 0;
+  for (uint32_t m : {256u, 512u, 1024u, 2048u, 4096u})
+    if (m + 72 <= netdev_mtu) best = m;
+  return best;
+}
+
+uint64_t make_guid(const std::string &name, uint32_t ip) {
+  uint64_t h = 0xcbf29ce484222325ull;   // FNV-1a
+  auto mix = [&](uint8_t b) { h = (h ^ b) * 0x100000001b3ull; };
+  for (char c : name) mix(static_cast<uint8_t>(c));
+  for (int i = 0; i < 4; i++) mix(static_cast<uint8_t>(ip >> (8 * i)));
+  // Locally administered EUI-64 style: 0x02 in the top byte.
+  return (h & 0x00ffffffffffffffull) | 0x0200000000000000ull;
+}
+
+fs::path verbs_dir() { return fs::path(sysfs_dir()) / "class/infiniband_verbs"; }
+
+// The uverbsN directory of a device, or "" if none.
+std::string uverbs_of(const std::string &name) {
+  std::error_code ec;
+  for (auto &e : fs::directory_iterator(verbs_dir(), ec))
+    if (e.is_directory() && read_file(e.path() / "ibdev") == name) return e.path().filename();
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> device_names() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto &e : fs::directory_iterator(fs::path(sysfs_dir()) / "class/infiniband", ec))
+    if (fs::exists(e.path() / kConfigFile)) out.push_back(e.path().filename());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int link_add(const LinkAddArgs &a) {
+  if (!std::regex_match(a.name, std::regex("[A-Za-z0-9_-]{1,31}")))
+    return fail("bad device name '" + a.name + "' (letters, digits, '_' and '-', at most 31)");
+  if (a.type != "ib" && a.type != "roce") return fail("type must be ib or roce");
+  if (a.port < 1024 || a.port > 65535 - int(kMaxSlots))
+    return fail("port must be 1024.." + std::to_string(65535 - kMaxSlots));
+  unsigned ifindex = if_nametoindex(a.netdev.c_str());
+  if (!ifindex) return fail("no network interface '" + a.netdev + "'");
+  if (geteuid() != 0) return fail("link add needs root (it creates /dev/infiniband nodes)");
+  fs::path dev = ibdev_dir(a.name);
+  if (fs::exists(dev)) return fail("device " + a.name + " exists");
+  auto addrs = netdev_ipv4(a.netdev);
+  if (addrs.empty()) return fail(a.netdev + " has no IPv4 address (usrc binds one)");
+
+  DeviceConfig c;
+  c.name = a.name;
+  c.netdev = a.netdev;
+  c.link_layer = a.type == "ib" ? LinkLayer::ib : LinkLayer::roce;
+  c.ipv4 = addrs[0].ip;
+  c.prefix_len = addrs[0].prefix;
+  if (c.link_layer == LinkLayer::ib) {
+    c.lid = lid_for(c.ipv4);
+    if (c.lid == 0)
+      return fail("address " + ip_str(c.ipv4) +
+                  " has no LID: on InfiniBand link layer the LID is the low 14 bits of the "
+                  "address, which must not be 0 (use another address or type roce)");
+  }
+  uint32_t mtu = 1500;
+  try {
+    mtu = std::stoul(read_file("/sys/class/net/" + a.netdev + "/mtu"));
+  } catch (...) {
+  }
+  c.active_mtu = active_mtu_for(mtu);
+  if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
+  c.base_port = static_cast<uint16_t>(a.port);
+  c.node_guid = make_guid(a.name, c.ipv4);
+
+  // GID table: IB: the port GID (fe80::/64 + GUID) then the IPv4-mapped
+  // addresses; RoCE v2: the IPv4-mapped addresses.
+  std::vector<std::array<uint8_t, 16>> gids;
+  if (c.link_layer == LinkLayer::ib) {
+    std::array<uint8_t, 16> g{0xfe, 0x80};
+    for (int i = 0; i < 8; i++) g[8 + i] = uint8_t(c.node_guid >> (56 - 8 * i));
+    gids.push_back(g);
+  }
+  for (auto &ad : addrs) {
+    std::array<uint8_t, 16> g{};
+    g[10] = g[11] = 0xff;
+    for (int i = 0; i < 4; i++) g[12 + i] = uint8_t(ad.ip >> (24 - 8 * i));
+    gids.push_back(g);
+  }
+  c.gid_tbl_len = static_cast<uint32_t>(gids.size());
+
+  try {
+    fs::path root = root_dir();
+    fs::create_directories(verbs_dir());
+    fs::create_directories(root / "counters");
+    chmod(root.c_str(), 0755);
+    write_file(verbs_dir() / "abi_version", "6\n");
+
+    // Build the device directory aside and rename it into place: libibverbs
+    // must never see a half-written device.
+    fs::path tmp = fs::path(sysfs_dir()) / "class/infiniband" / ("." + a.name + ".tmp");
+    fs::remove_all(tmp);
+    write_file(tmp / "node_type", "1: CA\n");
+    write_file(tmp / "node_guid", guid_str(c.node_guid) + "\n");
+    write_file(tmp / "sys_image_guid", guid_str(c.node_guid) + "\n");
+    write_file(tmp / "fw_ver", "0.1.0\n");
+    write_file(tmp / "board_id", "USRC_UDP\n");
+    write_file(tmp / "hca_type", "usrc\n");
+    write_file(tmp / "node_desc", "usrc " + a.name + " (" + a.netdev + ")\n");
+    fs::path port = tmp / "ports/1";
+    write_file(port / "state", "4: ACTIVE\n");
+    write_file(port / "phys_state", "5: LinkUp\n");
+    char lid[16];
+    snprintf(lid, sizeof lid, "0x%x\n", c.lid);
+    write_file(port / "lid", lid);
+    write_file(port / "lid_mask_count", "0\n");
+    write_file(port / "sm_lid", "0x0\n");
+    write_file(port / "link_layer", c.link_layer == LinkLayer::ib ? "InfiniBand\n" : "Ethernet\n");
+    write_file(port / "rate", "2.5 Gb/sec (1X SDR)\n");
+    for (size_t i = 0; i < gids.size(); i++) {
+      write_file(port / "gids" / std::to_string(i), gid_str(gids[i].data()) + "\n");
+      if (c.link_layer == LinkLayer::roce) {
+        write_file(port / "gid_attrs/types" / std::to_string(i), "RoCE v2\n");
+        write_file(port / "gid_attrs/ndevs" / std::to_string(i), a.netdev + "\n");
+      }
+    }
+    write_file(port / "pkeys/0", "0xffff\n");
+    write_file(tmp / kConfigFile, c.serialize());
+    fs::rename(tmp, dev);
+
+    CountersFile cf{};
+    cf.magic = CountersFile::kMagic;
+    cf.count = kNumCounters;
+    std::ofstream f(counters_path(a.name), std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char *>(&cf), sizeof cf);
+    f.close();
+    chmod(counters_path(a.name).c_str(), 0666);   // every user of the device adds to it
+
+    // The character node libibverbs opens: a /dev/null clone. Never removed:
+    // it is harmless and may serve devices of another USRC_ROOT.
+    int n = 0;
+    while (fs::exists(verbs_dir() / ("uverbs" + std::to_string(n)))) n++;
+    std::string uv = "uverbs" + std::to_string(n);
+    fs::create_directories("/dev/infiniband");
+    std::string node = "/dev/infiniband/" + uv;
+    struct stat st;
+    if (stat(node.c_str(), &st) != 0) {
+      if (mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+        throw std::runtime_error("mknod " + node + ": " + strerror(errno));
+      chmod(node.c_str(), 0666);
+    } else if (!S_ISCHR(st.st_mode)) {
+      throw std::runtime_error(node + " exists and is not a character device");
+    }
+    // Last: the uverbs entry makes the device visible.
+    fs::path uvtmp = verbs_dir() / ("." + uv + ".tmp");
+    fs::remove_all(uvtmp);
+    write_file(uvtmp / "ibdev", a.name + "\n");
+    write_file(uvtmp / "dev", "0:0\n");
+    write_file(uvtmp / "abi_version", "1\n");
+    fs::rename(uvtmp, verbs_dir() / uv);
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+  return 0;
+}
+
+int link_del(const std::string &name) {
+  fs::path dev = ibdev_dir(name);
+  if (!fs::exists(dev / kConfigFile)) return fail("no device " + name);
+  try {
+    std::string uv = uverbs_of(name);
+    if (!uv.empty()) fs::remove_all(verbs_dir() / uv);
+    fs::remove_all(dev);
+    fs::remove(counters_path(name));
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+  return 0;
+}
+
+int link_show(const std::string &name, bool json) {
+  std::vector<std::string> names = name.empty() ? device_names() : std::vector<std::string>{name};
+  if (json) printf("[");
+  bool first = true;
+  for (auto &n : names) {
+    std::string err;
+    auto c = DeviceConfig::load(n, &err);
+    if (!c) return fail(err);
+    const char *type = c->link_layer == LinkLayer::ib ? "ib" : "roce";
+    if (json) {
+      printf("%s{\"ifname\":\"%s\",\"port\":1,\"state\":\"ACTIVE\",\"physical_state\":\"LINK_UP\","
+             "\"netdev\":\"%s\",\"type\":\"%s\",\"lid\":%u,\"ipv4\":\"%s\",\"mtu\":%u,"
+             "\"udp_port\":%u,\"uverbs\":\"%s\"}",
+             first ? "" : ",", n.c_str(), c->netdev.c_str(), type, c->lid,
+             ip_str(c->ipv4).c_str(), c->active_mtu, c->base_port, uverbs_of(n).c_str());
+    } else {
+      printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
+             "mtu %u port %u\n",
+             n.c_str(), c->netdev.c_str(), type, c->lid, ip_str(c->ipv4).c_str(), c->active_mtu,
+             c->base_port);
+    }
+    first = false;
+  }
+  if (json) printf("]\n");
+  return 0;
+}
+
+}  // namespace usrc::cli

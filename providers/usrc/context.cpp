@@ -82,6 +82,15 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
 }
 
 Context::~Context() {
+  // Let destroyed QPs answer the peer's last retransmissions (bounded by
+  // the linger time of each, at most a second).
+  for (int i = 0; i < 1100 && engine_; i++) {
+    {
+      std::lock_guard g(engine_->mu);
+      if (!engine_->lingering()) break;
+    }
+    usleep(1000);
+  }
   if (thread_.joinable()) {
     stop_ = true;
     uint64_t one = 1;
@@ -175,6 +184,7 @@ void Context::async_event(void *element, ibv_event_type type) {
 }
 
 void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
+  if (!qp.user) return;   // destroyed
   ibv_event_type t = IBV_EVENT_QP_FATAL;
   switch (ev) {
     case rc::QpEvent::comm_est: t = IBV_EVENT_COMM_EST; break;

@@ -99,6 +99,7 @@ int destroy_qp(ibv_qp *ibqp) {
     std::lock_guard g(qp->ctx->engine().mu);
     qp->ctx->engine().destroy_qp(qp->t);
   }
+  qp->ctx->kick();   // a lingering QP has a timer
   to_pd(ibqp->pd)->users--;
   to_cq(ibqp->send_cq)->qps--;
   to_cq(ibqp->recv_cq)->qps--;

@@ -31,8 +31,10 @@ port=$(pick_port)
 timeout 20 "$USRC" exec -- ibv_rc_pingpong -d pp_roce -p $port >/tmp/usrc-out.nogrh.srv 2>&1 &
 wait_listen "" $port || fail "no-GRH server"
 timeout 20 "$USRC" exec -- ibv_rc_pingpong -d pp_roce -p $port 127.0.0.1 >/tmp/usrc-out.nogrh 2>&1 && fail "roce without GRH must fail"
-grep -q "Failed to modify QP to RTR" /tmp/usrc-out.nogrh || { cat /tmp/usrc-out.nogrh; fail "roce without GRH: expected RTR failure"; }
 wait
+# The server connects first, so it is the one whose RTR is refused.
+grep -q "Failed to modify QP to RTR" /tmp/usrc-out.nogrh.srv /tmp/usrc-out.nogrh ||
+  { cat /tmp/usrc-out.nogrh.srv /tmp/usrc-out.nogrh; fail "roce without GRH: expected RTR failure"; }
 
 # -N (the extended send API) is not implemented: a clean failure, no hang.
 port=$(pick_port)

@@ -19,6 +19,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
 
 Engine::~Engine() {
   for (Qp *qp : live_) delete qp;
+  live_.clear();
 }
 
 Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
@@ -37,6 +38,26 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
 }
 
 void Engine::destroy_qp(Qp *qp) {
+  bool responded = qp->comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
+                                    qp->state == QpState::sqd);
+  if (!responded) return reap(qp);
+  // Linger for about one of the peer's retry periods after the last packet
+  // (we assume its Local ACK Timeout is like ours), capped at one second.
+  uint64_t t = local_ack_timeout_ns(qp->timeout);
+  t = std::min<uint64_t>(t ? t + t / 2 : 100'000'000, 1'000'000'000);
+  qp->linger_until = clock_() + t;
+  qp->sq.head = qp->sq.tail = 0;
+  qp->tx_pos = 0;
+  qp->next_psn = qp->tx_psn = qp->tx_high = qp->una_psn;
+  qp->ack_deadline = qp->rnr_deadline = 0;
+  qp->send_cq = qp->recv_cq = nullptr;
+  qp->user = nullptr;
+  lingering_++;
+  arm_timer(qp->linger_until);
+}
+
+void Engine::reap(Qp *qp) {
+  if (qp->linger_until) lingering_--;
   std::erase(ack_list_, qp);
   std::erase(live_, qp);
   qps_[qp->qpn & (kQpsPerSlot - 1)] = nullptr;
@@ -190,7 +211,16 @@ void Engine::progress() {
   uint64_t now = clock_();
   if (now >= next_deadline_) {
     next_deadline_ = UINT64_MAX;
-    for (Qp *qp : live_) check_timers(*qp, now);
+    for (size_t i = 0; i < live_.size();) {
+      Qp *qp = live_[i];
+      if (qp->linger_until && now >= qp->linger_until) {
+        reap(qp);
+        continue;
+      }
+      if (qp->linger_until) arm_timer(qp->linger_until);
+      check_timers(*qp, now);
+      i++;
+    }
   }
   for (Qp *qp : live_)
     if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
@@ -225,6 +255,14 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   }
   if (!(pkt.src == qp->peer)) {
     count(Counter::wrong_source_drops);
+    return;
+  }
+  if (qp->linger_until) {
+    // A destroyed QP only acknowledges duplicates, for a while longer.
+    if ((v.p.info->mask & wire::IS_REQUEST) && psn_lt(v.psn(), qp->epsn)) {
+      responder_rx(*qp, v);
+      qp->linger_until = std::max(qp->linger_until, clock_() + 100'000'000);
+    }
     return;
   }
   if (v.p.info->mask & wire::IS_REQUEST) {

@@ -52,6 +52,8 @@ class Engine {
   void post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv);
   Qp *create_qp(uint32_t max_send_wr, uint32_t max_recv_wr);   // nullptr: no QPN left
   void destroy_qp(Qp *qp);
+  // True while destroyed QPs still linger (see Qp::linger_until).
+  bool lingering() const { return lingering_ != 0; }
   Qp *find_qp(uint32_t qpn);
   // Moves the QP to a new state with the IBA side effects (flush on ERR,
   // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
@@ -109,6 +111,8 @@ class Engine {
   std::vector<Qp *> live_;         // the same QPs, compact, for timer/tx scans
   std::vector<Qp *> ack_list_;     // QPs with ack_pending
   uint64_t next_deadline_ = UINT64_MAX;
+  uint32_t lingering_ = 0;
+  void reap(Qp *qp);
 
   static constexpr size_t kTxBatch = 64;
   struct TxSlot {

@@ -82,6 +82,10 @@ struct Qp {
   bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
+  // Destroyed by the application but kept a little while to re-ACK
+  // duplicates: the peer may not have our last ACK yet, and without it it
+  // would retry until "retry exceeded" (the end of every pingpong).
+  uint64_t linger_until = 0;  // 0: a live QP
   uint32_t recv_offset = 0;
   uint8_t *write_ptr = nullptr;
   uint32_t write_left = 0;

@@ -1,0 +1,487 @@
+// Our own verbs test program, against the public libibverbs API only, run
+// through `usrc exec` on a usrc device on loopback (USRC_TEST_DEV names it).
+// Two QPs of one context are connected to each other over real UDP.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Dev {
+  ibv_context *ctx = nullptr;
+  ibv_pd *pd = nullptr;
+  ibv_port_attr port{};
+  Dev() {
+    const char *name = getenv("USRC_TEST_DEV");
+    REQUIRE(name);
+    int n = 0;
+    ibv_device **list = ibv_get_device_list(&n);
+    REQUIRE(list);
+    for (int i = 0; i < n; i++)
+      if (strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
+    ibv_free_device_list(list);
+    REQUIRE(ctx);
+    pd = ibv_alloc_pd(ctx);
+    REQUIRE(pd);
+    REQUIRE(ibv_query_port(ctx, 1, &port) == 0);
+  }
+  ~Dev() {
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+  }
+};
+
+struct Qp {
+  ibv_cq *cq = nullptr;
+  ibv_qp *qp = nullptr;
+  Qp(Dev &d, uint32_t depth = 256) {
+    cq = ibv_create_cq(d.ctx, 2 * depth + 8, nullptr, nullptr, 0);
+    REQUIRE(cq);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap = {depth, depth, 4, 4, 64};
+    qp = ibv_create_qp(d.pd, &ia);
+    REQUIRE(qp);
+  }
+  ~Qp() {
+    ibv_destroy_qp(qp);
+    ibv_destroy_cq(cq);
+  }
+};
+
+struct Params {
+  uint32_t sq_psn = 0, rq_psn = 0;
+  ibv_mtu mtu = IBV_MTU_1024;
+  uint8_t timeout = 14, retry = 7, rnr_retry = 7, min_rnr = 12;
+  int access = IBV_ACCESS_REMOTE_WRITE;
+};
+
+int to_init(ibv_qp *qp, int access) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = access;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+int to_rtr(Dev &d, ibv_qp *qp, uint32_t dest_qpn, const Params &p) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = p.mtu;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = p.rq_psn;
+  a.max_dest_rd_atomic = 0;
+  a.min_rnr_timer = p.min_rnr;
+  a.ah_attr.port_num = 1;
+  a.ah_attr.dlid = d.port.lid;
+  if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &a.ah_attr.grh.dgid) == 0);
+    a.ah_attr.grh.hop_limit = 1;
+  }
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+int to_rts(ibv_qp *qp, const Params &p) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = p.sq_psn;
+  a.timeout = p.timeout;
+  a.retry_cnt = p.retry;
+  a.rnr_retry = p.rnr_retry;
+  a.max_rd_atomic = 0;
+  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                   IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+void connect(Dev &d, Qp &a, uint32_t dest_qpn, Params p) {
+  REQUIRE(to_init(a.qp, p.access) == 0);
+  REQUIRE(to_rtr(d, a.qp, dest_qpn, p) == 0);
+  REQUIRE(to_rts(a.qp, p) == 0);
+}
+
+void connect_pair(Dev &d, Qp &a, Qp &b, Params pa = {}, Params pb = {}) {
+  pb.rq_psn = pa.sq_psn;
+  pa.rq_psn = pb.sq_psn;
+  connect(d, a, b.qp->qp_num, pa);
+  connect(d, b, a.qp->qp_num, pb);
+}
+
+std::vector<ibv_wc> poll(ibv_cq *cq, size_t n, double seconds = 10) {
+  std::vector<ibv_wc> out;
+  auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (out.size() < n && Clock::now() < end) {
+    ibv_wc wc[16];
+    int k = ibv_poll_cq(cq, 16, wc);
+    if (k < 0) FAIL("ibv_poll_cq failed");
+    out.insert(out.end(), wc, wc + k);
+  }
+  return out;
+}
+
+int post_send(ibv_qp *qp, uint64_t id, ibv_wr_opcode op, ibv_sge *sge, int nsge, int flags,
+              uint64_t raddr = 0, uint32_t rkey = 0, uint32_t imm = 0) {
+  ibv_send_wr wr{}, *bad;
+  wr.wr_id = id;
+  wr.opcode = op;
+  wr.sg_list = sge;
+  wr.num_sge = nsge;
+  wr.send_flags = flags;
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  wr.imm_data = htonl(imm);
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+int post_recv(ibv_qp *qp, uint64_t id, ibv_sge *sge, int nsge) {
+  ibv_recv_wr wr{}, *bad;
+  wr.wr_id = id;
+  wr.sg_list = sge;
+  wr.num_sge = nsge;
+  return ibv_post_recv(qp, &wr, &bad);
+}
+
+}  // namespace
+
+TEST_CASE("SEND across the PSN rollover, byte-exact", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.sq_psn = 0xffffff - 100;   // 64 KB messages at 1 KB MTU: wraps at once
+  pb.sq_psn = 0xfffff0;
+  connect_pair(d, a, b, pa, pb);
+  const size_t len = 65536, n = 20;
+  std::vector<uint8_t> tx(len * n), rx(len * n, 0);
+  for (size_t i = 0; i < tx.size(); i++) tx[i] = uint8_t(i * 131 + 7);
+  ibv_mr *mt = ibv_reg_mr(d.pd, tx.data(), tx.size(), 0);
+  ibv_mr *mr = ibv_reg_mr(d.pd, rx.data(), rx.size(), IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mt);
+  REQUIRE(mr);
+  for (size_t i = 0; i < n; i++) {
+    ibv_sge s{uintptr_t(rx.data() + i * len), uint32_t(len), mr->lkey};
+    REQUIRE(post_recv(b.qp, 100 + i, &s, 1) == 0);
+  }
+  for (size_t i = 0; i < n; i++) {
+    ibv_sge s{uintptr_t(tx.data() + i * len), uint32_t(len), mt->lkey};
+    REQUIRE(post_send(a.qp, i, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  }
+  auto wc = poll(a.cq, n);   // a.cq gets the sends, b.cq the receives
+  auto rc = poll(b.cq, n);
+  REQUIRE(wc.size() == n);
+  REQUIRE(rc.size() == n);
+  for (size_t i = 0; i < n; i++) {
+    CHECK(wc[i].status == IBV_WC_SUCCESS);
+    CHECK(wc[i].opcode == IBV_WC_SEND);
+    CHECK(rc[i].status == IBV_WC_SUCCESS);
+    CHECK(rc[i].wr_id == 100 + i);
+    CHECK(rc[i].byte_len == len);
+    CHECK(rc[i].opcode == IBV_WC_RECV);
+    CHECK(rc[i].qp_num == b.qp->qp_num);
+    CHECK(rc[i].src_qp == a.qp->qp_num);
+  }
+  CHECK(rx == tx);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_SQ_PSN, &qi) == 0);
+  CHECK(qa.sq_psn == pa.sq_psn);   // what was set
+  ibv_dereg_mr(mt);
+  ibv_dereg_mr(mr);
+}
+
+TEST_CASE("inline, several SGEs, immediate data, unsignaled sends", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  std::vector<uint8_t> rx(4096, 0), big(3000);
+  for (size_t i = 0; i < big.size(); i++) big[i] = uint8_t(i);
+  ibv_mr *mr = ibv_reg_mr(d.pd, rx.data(), rx.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mb = ibv_reg_mr(d.pd, big.data(), big.size(), 0);
+  for (int i = 0; i < 3; i++) {
+    ibv_sge s[2] = {{uintptr_t(rx.data() + i * 1024), 100, mr->lkey},
+                    {uintptr_t(rx.data() + i * 1024 + 512), 400, mr->lkey}};
+    REQUIRE(post_recv(b.qp, 10 + i, s, 2) == 0);
+  }
+  char msg[] = "inline hello";
+  ibv_sge si{uintptr_t(msg), sizeof msg, 0};   // inline: no lkey needed
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND_WITH_IMM, &si, 1, IBV_SEND_INLINE | IBV_SEND_SIGNALED, 0, 0, 0xfeed) == 0);
+  msg[0] = 'X';   // the data was taken at post time
+  ibv_sge s2[2] = {{uintptr_t(big.data()), 50, mb->lkey}, {uintptr_t(big.data() + 1000), 150, mb->lkey}};
+  REQUIRE(post_send(a.qp, 2, IBV_WR_SEND, s2, 2, 0) == 0);   // unsignaled
+  ibv_sge s3{uintptr_t(big.data()), 500, mb->lkey};
+  REQUIRE(post_send(a.qp, 3, IBV_WR_SEND, &s3, 1, IBV_SEND_SIGNALED) == 0);
+  auto rc = poll(b.cq, 3, 5);
+  auto wc = poll(a.cq, 2, 5);
+  REQUIRE(wc.size() == 2);      // the unsignaled send makes no completion
+  CHECK(wc[0].wr_id == 1);
+  CHECK(wc[1].wr_id == 3);
+  REQUIRE(rc.size() == 3);
+  CHECK((rc[0].wc_flags & IBV_WC_WITH_IMM));
+  CHECK(ntohl(rc[0].imm_data) == 0xfeed);
+  CHECK(rc[0].byte_len == sizeof msg);
+  CHECK(memcmp(rx.data(), "inline hello", sizeof msg) == 0);
+  CHECK(!(rc[1].wc_flags & IBV_WC_WITH_IMM));
+  CHECK(rc[1].byte_len == 200);
+  CHECK(memcmp(rx.data() + 1024, big.data(), 50) == 0);
+  CHECK(memcmp(rx.data() + 1024 + 50, big.data() + 1000, 50) == 0);    // rest of SGE 0
+  CHECK(memcmp(rx.data() + 1024 + 512, big.data() + 1050, 100) == 0);  // spills into SGE 1
+  CHECK(rc[2].byte_len == 500);
+  CHECK(memcmp(rx.data() + 2048, big.data(), 100) == 0);
+  CHECK(memcmp(rx.data() + 2048 + 512, big.data() + 100, 400) == 0);
+  ibv_dereg_mr(mr);
+  ibv_dereg_mr(mb);
+}
+
+TEST_CASE("RDMA WRITE and WRITE with immediate; bad rkey gives REM_ACCESS_ERR", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  std::vector<uint8_t> src(200000), dst(300000, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i ^ (i >> 8));
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), 0);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  REQUIRE(post_recv(b.qp, 77, nullptr, 0) == 0);
+  ibv_sge s{uintptr_t(src.data()), 150000, ms->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()) + 10, md->rkey) == 0);
+  ibv_sge s2{uintptr_t(src.data() + 150000), 50000, ms->lkey};
+  REQUIRE(post_send(a.qp, 2, IBV_WR_RDMA_WRITE_WITH_IMM, &s2, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()) + 200000, md->rkey, 42) == 0);
+  ibv_sge z{0, 0, 0};
+  REQUIRE(post_send(a.qp, 3, IBV_WR_RDMA_WRITE, &z, 0, IBV_SEND_SIGNALED, 0, 0) == 0);   // zero length
+  auto wc = poll(a.cq, 3);
+  auto rc = poll(b.cq, 1);
+  REQUIRE(wc.size() == 3);
+  for (auto &w : wc) CHECK(w.status == IBV_WC_SUCCESS);
+  CHECK(wc[0].opcode == IBV_WC_RDMA_WRITE);
+  REQUIRE(rc.size() == 1);
+  CHECK(rc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+  CHECK(rc[0].wr_id == 77);
+  CHECK(ntohl(rc[0].imm_data) == 42);
+  CHECK(rc[0].byte_len == 50000);
+  CHECK(memcmp(dst.data() + 10, src.data(), 150000) == 0);
+  CHECK(memcmp(dst.data() + 200000, src.data() + 150000, 50000) == 0);
+  CHECK(dst[9] == 0);
+  CHECK(dst[150010] == 0);
+  // A wrong rkey: the responder NAKs, nothing is written, the QP fails.
+  std::fill(dst.begin(), dst.end(), 0);
+  REQUIRE(post_send(a.qp, 4, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()), md->rkey + 1000) == 0);
+  REQUIRE(post_send(a.qp, 5, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()), md->rkey) == 0);
+  wc = poll(a.cq, 2);
+  REQUIRE(wc.size() == 2);
+  CHECK(wc[0].status == IBV_WC_REM_ACCESS_ERR);
+  CHECK(wc[1].status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t x) { return x == 0; }));
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_STATE, &qi) == 0);
+  CHECK(qa.qp_state == IBV_QPS_ERR);
+  ibv_dereg_mr(ms);
+  ibv_dereg_mr(md);
+}
+
+TEST_CASE("a dead peer: RETRY_EXC_ERR after retry_cnt+1 Local ACK Timeouts", "[verbs]") {
+  Dev d;
+  Qp a(d);
+  Params p;
+  p.timeout = 12;   // 16.8 ms
+  p.retry = 3;
+  // A QPN of a slot no process has: nothing answers.
+  connect(d, a, (4000u << 12) | 5, p);
+  std::vector<uint8_t> buf(64);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), 0);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  auto t0 = Clock::now();
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  REQUIRE(post_send(a.qp, 2, IBV_WR_SEND, &s, 1, 0) == 0);
+  auto wc = poll(a.cq, 1, 5);
+  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  REQUIRE(!wc.empty());
+  CHECK(wc[0].status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(wc[0].wr_id == 1);
+  double t = 4.096e-3 * (1 << 12);
+  INFO("elapsed " << ms << " ms, timeout " << t << " ms");
+  CHECK(ms >= 4 * t * 0.95);
+  CHECK(ms < 5 * t + 20);
+  if (wc.size() == 1) wc.push_back(poll(a.cq, 1, 1).at(0));
+  REQUIRE(wc.size() == 2);
+  CHECK(wc[1].status == IBV_WC_WR_FLUSH_ERR);   // flushed, though unsignaled
+  CHECK(wc[1].wr_id == 2);
+  ibv_dereg_mr(m);
+}
+
+TEST_CASE("RNR: no receive posted, rnr_retry exhausted", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.rnr_retry = 2;
+  pb.min_rnr = 1;   // 0.01 ms
+  connect_pair(d, a, b, pa, pb);
+  std::vector<uint8_t> buf(64);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), 0);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  auto wc = poll(a.cq, 1, 5);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR);
+  ibv_dereg_mr(m);
+}
+
+TEST_CASE("local checks: bad lkey, MR of another PD, range", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  std::vector<uint8_t> buf(4096);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), 1024, 0);
+  SECTION("unknown lkey") {
+    ibv_sge s{uintptr_t(buf.data()), 64, m->lkey + 12345};
+    REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  }
+  SECTION("beyond the MR") {
+    ibv_sge s{uintptr_t(buf.data()) + 1000, 64, m->lkey};
+    REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  }
+  SECTION("receive into an MR without local write") {
+    ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+    REQUIRE(post_recv(a.qp, 1, &s, 1) == 0);
+  }
+  auto wc = poll(a.cq, 1, 2);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_LOC_PROT_ERR);
+  CHECK(wc[0].wr_id == 1);
+  ibv_dereg_mr(m);
+}
+
+TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
+  Dev d;
+  Qp a(d);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  // Posting to a RESET QP.
+  ibv_sge s{0, 0, 0};
+  CHECK(post_send(a.qp, 1, IBV_WR_SEND, &s, 0, 0) == EINVAL);
+  CHECK(post_recv(a.qp, 1, &s, 0) == EINVAL);
+  // Skipping INIT; missing required attributes; out-of-range values.
+  Params p;
+  CHECK(to_rtr(d, a.qp, 0x1000, p) == EINVAL);
+  CHECK(to_init(a.qp, 0) == 0);
+  ibv_qp_attr bad{};
+  bad.qp_state = IBV_QPS_RTR;
+  CHECK(ibv_modify_qp(a.qp, &bad, IBV_QP_STATE | IBV_QP_PATH_MTU) == EINVAL);
+  p.timeout = 40;
+  CHECK(to_rts(a.qp, p) == EINVAL);
+  Params big;
+  big.mtu = static_cast<ibv_mtu>(6);
+  CHECK(to_rtr(d, a.qp, 0x1000, big) == EINVAL);
+  CHECK(to_rtr(d, a.qp, 0x5, p) == EINVAL);   // QPN 5: slot 0 is no usrc process
+  REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_STATE, &qi) == 0);
+  CHECK(qa.qp_state == IBV_QPS_INIT);           // failed modifies changed nothing
+  // Unsupported operations and QP types.
+  Params ok;
+  REQUIRE(to_rtr(d, a.qp, a.qp->qp_num, ok) == 0);
+  REQUIRE(to_rts(a.qp, ok) == 0);
+  CHECK(post_send(a.qp, 1, IBV_WR_RDMA_READ, &s, 0, 0) == EOPNOTSUPP);
+  CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, 0, 0) == EOPNOTSUPP);
+  ibv_sge many[9] = {};
+  CHECK(post_send(a.qp, 1, IBV_WR_SEND, many, 9, 0) == EINVAL);
+  ibv_qp_init_attr ud{};
+  ud.send_cq = ud.recv_cq = a.cq;
+  ud.qp_type = IBV_QPT_UD;
+  ud.cap = {1, 1, 1, 1, 0};
+  errno = 0;
+  CHECK(ibv_create_qp(d.pd, &ud) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+  ibv_qp_init_attr huge{};
+  huge.send_cq = huge.recv_cq = a.cq;
+  huge.qp_type = IBV_QPT_RC;
+  huge.cap = {1u << 20, 1, 1, 1, 0};
+  CHECK(ibv_create_qp(d.pd, &huge) == nullptr);
+  CHECK(ibv_create_cq(d.ctx, 0, nullptr, nullptr, 0) == nullptr);
+  CHECK(ibv_reg_mr(d.pd, &s, 8, IBV_ACCESS_REMOTE_WRITE) == nullptr);   // needs LOCAL_WRITE
+  CHECK(ibv_dealloc_pd(d.pd) == EBUSY);   // the QP uses it
+  ibv_port_attr pa;
+  CHECK(ibv_query_port(d.ctx, 2, &pa) == EINVAL);
+}
+
+TEST_CASE("completion channel: events for a usrc CQ", "[verbs]") {
+  Dev d;
+  ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+  REQUIRE(ch);
+  CHECK(ch->fd > 2);   // never the application's stdin
+  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+  REQUIRE(cq);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {4, 4, 1, 1, 0};
+  ibv_qp *qp = ibv_create_qp(d.pd, &ia);
+  REQUIRE(qp);
+  Params p;
+  REQUIRE(to_init(qp, 0) == 0);
+  REQUIRE(to_rtr(d, qp, qp->qp_num, p) == 0);   // connected to itself
+  REQUIRE(to_rts(qp, p) == 0);
+  REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
+  REQUIRE(post_recv(qp, 9, nullptr, 0) == 0);
+  ibv_sge s{0, 0, 0};
+  REQUIRE(post_send(qp, 1, IBV_WR_SEND, &s, 0, IBV_SEND_SIGNALED) == 0);
+  ibv_cq *ev_cq = nullptr;
+  void *ev_ctx = nullptr;
+  REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+  CHECK(ev_cq == cq);
+  ibv_ack_cq_events(cq, 1);
+  auto wc = poll(cq, 2, 2);
+  CHECK(wc.size() == 2);
+  CHECK(ibv_destroy_comp_channel(ch) == EBUSY);   // a CQ still uses it
+  ibv_destroy_qp(qp);
+  ibv_destroy_cq(cq);
+  CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+TEST_CASE("malformed datagrams to a QP's port are dropped and counted", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  // Our own port: the QPN's slot picks it (base port from usrc link show).
+  int base = atoi(getenv("USRC_TEST_PORT") ? getenv("USRC_TEST_PORT") : "20000");
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(uint16_t(base + (b.qp->qp_num >> 12)));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<uint8_t> junk(1500);
+  srand(3);
+  for (int i = 0; i < 2000; i++) {
+    size_t n = rand() % junk.size();
+    for (size_t k = 0; k < n; k++) junk[k] = uint8_t(rand());
+    if (i % 3 == 0 && n >= 12) {   // a plausible BTH aimed at b's QP
+      junk[0] = 0x04;
+      junk[1] = 0;
+      junk[5] = uint8_t(b.qp->qp_num >> 16);
+      junk[6] = uint8_t(b.qp->qp_num >> 8);
+      junk[7] = uint8_t(b.qp->qp_num);
+    }
+    sendto(fd, junk.data(), n, 0, reinterpret_cast<sockaddr *>(&to), sizeof to);
+  }
+  close(fd);
+  // The connection still works afterwards.
+  std::vector<uint8_t> rx(100), tx(100, 5);
+  ibv_mr *mr = ibv_reg_mr(d.pd, rx.data(), rx.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mt = ibv_reg_mr(d.pd, tx.data(), tx.size(), 0);
+  ibv_sge r{uintptr_t(rx.data()), 100, mr->lkey}, t{uintptr_t(tx.data()), 100, mt->lkey};
+  REQUIRE(post_recv(b.qp, 1, &r, 1) == 0);
+  REQUIRE(post_send(a.qp, 2, IBV_WR_SEND, &t, 1, IBV_SEND_SIGNALED) == 0);
+  CHECK(poll(a.cq, 1).size() == 1);
+  CHECK(poll(b.cq, 1).size() == 1);
+  CHECK(rx == tx);
+  ibv_dereg_mr(mr);
+  ibv_dereg_mr(mt);
+}

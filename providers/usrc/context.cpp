@@ -123,23 +123,33 @@ void Context::flush_counters() {
 void Context::progress_loop() {
   pollfd fds[2] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   const uint32_t spin_us = Tunables::get().busy_poll_us;
+  // While the application polls its CQs it receives in its own thread; this
+  // thread then stays off the socket (two threads racing for the same
+  // packets cost a wake-up and a core each) and looks again only when the
+  // application has been quiet for kAppQuietNs.
+  constexpr uint64_t kAppQuietNs = 1'000'000;
   while (!stop_) {
-    uint64_t deadline;
+    uint64_t deadline, now;
+    bool app_active;
     {
       std::lock_guard g(engine_->mu);
       engine_->progress();
-      uint64_t now = now_ns();
+      now = now_ns();
       if (now - last_flush_ > 10'000'000) {
         flush_counters();
         last_flush_ = now;
       }
       deadline = engine_->next_deadline();
       if (deadline == UINT64_MAX) flush_counters();
+      uint64_t polled = app_polled_.load(std::memory_order_relaxed);
+      app_active = now - polled < kAppQuietNs;
+      if (app_active) deadline = std::min(deadline, polled + kAppQuietNs);
+      // kick() wakes us only for a timer earlier than this.
       sleep_until_.store(deadline, std::memory_order_release);
     }
-    uint64_t now = now_ns();
     if (deadline <= now) continue;
-    if (spin_us) {
+    fds[0].events = app_active ? 0 : POLLIN;
+    if (spin_us && !app_active) {
       pollfd f = fds[0];
       if (poll(&f, 1, 0) > 0) continue;
     }
@@ -166,6 +176,7 @@ void Context::kick() {
 }
 
 void Context::try_progress() {
+  app_polled_.store(now_ns(), std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return;
   engine_->progress();
   engine_->mu.unlock();

@@ -97,6 +97,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sleep_until_{0};   // the progress thread's wake time
+  std::atomic<uint64_t> app_polled_{0};    // when the application last polled
   int wake_fd_ = -1;                        // eventfd
   int async_fd_[2] = {-1, -1};
   CountersFile *shm_ = nullptr;

@@ -67,7 +67,7 @@ UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch)
 UdpNic::~UdpNic() { ::close(fd_); }
 
 size_t UdpNic::send(std::span<const TxPacket> pkts) {
-  size_t done = 0;
+  size_t done = 0, failed = 0;
   while (done < pkts.size()) {
     size_t n = std::min(pkts.size() - done, tx_msgs_.size());
     for (size_t i = 0; i < n; i++) {
@@ -86,12 +86,12 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
       // An unreachable or refused peer must not stall the others: skip the
       // head packet; the transport's retransmission covers it.
       done++;
+      failed++;
       continue;
     }
     done += r;
-    if (static_cast<size_t>(r) < n) continue;
   }
-  return done;
+  return done - failed;
 }
 
 size_t UdpNic::recv(std::span<RxPacket> out) {

@@ -1,6 +1,8 @@
 // A context's engine, its progress thread, its MR table and async events.
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -121,13 +123,24 @@ void Context::flush_counters() {
 // execution of one-sided requests when the application is not calling in.
 // It sleeps in ppoll on the socket, a wake eventfd and the next timer.
 void Context::progress_loop() {
+  // The thread sleeps almost always; when a packet arrives it must run at
+  // once even if the application spins on every core (a passive RDMA
+  // target polling its memory). A real-time priority gives that where the
+  // process may have it (root, CAP_SYS_NICE, RLIMIT_RTPRIO); elsewhere the
+  // thread runs at normal priority. Off by default (USRC_PROGRESS_RT=1):
+  // on few cores it slows programs that poll their CQs.
+  if (Tunables::get().progress_rt) {
+    sched_param sp{};
+    sp.sched_priority = 1;
+    pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+  }
   pollfd fds[2] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   const uint32_t spin_us = Tunables::get().busy_poll_us;
   // While the application polls its CQs it receives in its own thread; this
   // thread then stays off the socket (two threads racing for the same
   // packets cost a wake-up and a core each) and looks again only when the
   // application has been quiet for kAppQuietNs.
-  constexpr uint64_t kAppQuietNs = 1'000'000;
+  const uint64_t kAppQuietNs = uint64_t(Tunables::get().app_quiet_us) * 1000;
   while (!stop_) {
     uint64_t deadline, now;
     bool app_active;

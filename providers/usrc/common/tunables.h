@@ -17,6 +17,11 @@ namespace usrc {
     "Max packets one QP (re)transmits per progress pass")                                  \
   X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 0,                                        \
     "Progress thread spins this long before sleeping in poll (0: sleep at once)")          \
+  X(uint32_t, app_quiet_us, "USRC_APP_QUIET_US", 1000,                                    \
+    "The progress thread leaves the socket to the application while it polled within this" \
+    " many microseconds (0: the progress thread always receives too)")                    \
+  X(uint32_t, progress_rt, "USRC_PROGRESS_RT", 0,                                         \
+    "Run the progress thread at real-time priority where permitted")                       \
   X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1, "Verify the ICRC of received packets")
 
 struct Tunables {

@@ -90,6 +90,7 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(unknown_qp_drops, "packets dropped: no such QP, or QP not ready")         \
   X(wrong_source_drops, "packets dropped: not from the QP's peer")            \
   X(ghost_acks, "ACKs for PSNs never sent (dropped)")                         \
+  X(implied_naks, "READ/ATOMIC response gaps: resent from the gap")           \
   X(tx_errors, "packets the NIC refused to send")
 
 enum class Counter : uint32_t {

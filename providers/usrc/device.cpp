@@ -166,16 +166,18 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
                        IBV_DEVICE_SYS_IMAGE_GUID;
   o.max_sge = rc::kMaxSge;
-  o.max_sge_rd = 0;
+  o.max_sge_rd = rc::kMaxSge;
   o.max_cq = 1 << 16;
   o.max_cqe = 1 << 20;
   o.max_mr = 1 << 20;
   o.max_pd = 1 << 16;
-  o.max_qp_rd_atom = 0;        // RDMA READ and ATOMIC are not implemented yet
+  o.max_qp_rd_atom = rc::kMaxRdAtomic;
   o.max_ee_rd_atom = 0;
-  o.max_res_rd_atom = 0;
-  o.max_qp_init_rd_atom = 0;
-  o.atomic_cap = IBV_ATOMIC_NONE;
+  o.max_res_rd_atom = rc::kMaxRdAtomic * kQpsPerSlot;
+  o.max_qp_init_rd_atom = rc::kMaxRdAtomic;
+  // Atomics are CPU atomics at the responder: atomic against every atomic
+  // through this device (HCA) and in fact against the host's own too.
+  o.atomic_cap = IBV_ATOMIC_HCA;
   o.max_pkeys = 1;
   o.local_ca_ack_delay = 0;
   o.phys_port_cnt = 1;

@@ -167,11 +167,9 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) return EINVAL;
   if ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) return EINVAL;
   if ((mask & IBV_QP_MIN_RNR_TIMER) && attr->min_rnr_timer > 31) return EINVAL;
-  // No RDMA READ/ATOMIC yet: no responder resources and no initiator depth
-  // (device attribute max_qp_rd_atom is 0), but 0 or 1 are accepted as the
-  // stock tools ask for 1 even for SEND-only use.
-  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > 1) return EINVAL;
-  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 1) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > rc::kMaxRdAtomic) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > rc::kMaxRdAtomic)
+    return EINVAL;
   net::Endpoint peer = t.peer;
   if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
     const ibv_ah_attr &ah = (mask & IBV_QP_AV) ? attr->ah_attr : qp->attr.ah_attr;
@@ -200,7 +198,7 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if (mask & IBV_QP_RETRY_CNT) t.retry_cnt = s.retry_cnt = attr->retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) t.rnr_retry = s.rnr_retry = attr->rnr_retry;
   if (mask & IBV_QP_MIN_RNR_TIMER) t.min_rnr_timer = s.min_rnr_timer = attr->min_rnr_timer;
-  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = attr->max_rd_atomic;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) t.max_rd_atomic = s.max_rd_atomic = attr->max_rd_atomic;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = attr->en_sqd_async_notify;
   if (next == IBV_QPS_RESET) {
@@ -262,9 +260,9 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
         case IBV_WR_SEND_WITH_IMM: w.opcode = rc::WrOpcode::send_imm; break;
         case IBV_WR_RDMA_WRITE: w.opcode = rc::WrOpcode::rdma_write; break;
         case IBV_WR_RDMA_WRITE_WITH_IMM: w.opcode = rc::WrOpcode::rdma_write_imm; break;
-        case IBV_WR_RDMA_READ:
-        case IBV_WR_ATOMIC_CMP_AND_SWP:
-        case IBV_WR_ATOMIC_FETCH_AND_ADD: err = EOPNOTSUPP; break;   // not yet
+        case IBV_WR_RDMA_READ: w.opcode = rc::WrOpcode::rdma_read; break;
+        case IBV_WR_ATOMIC_CMP_AND_SWP: w.opcode = rc::WrOpcode::atomic_cmp_swp; break;
+        case IBV_WR_ATOMIC_FETCH_AND_ADD: w.opcode = rc::WrOpcode::atomic_fetch_add; break;
         default: err = EINVAL; break;
       }
       if (!err && (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge))) err = EINVAL;
@@ -275,18 +273,27 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
       w.remote_va = wr->wr.rdma.remote_addr;
       w.rkey = wr->wr.rdma.rkey;
       w.num_sge = static_cast<uint32_t>(wr->num_sge);
+      const bool rd = rc::is_rd_atomic(w.opcode);
+      if (rd && (w.flags & rc::kInline)) err = EINVAL;   // they write local memory
+      if (w.opcode == rc::WrOpcode::atomic_cmp_swp || w.opcode == rc::WrOpcode::atomic_fetch_add) {
+        // One 8-byte SGE receives the original value (IBA 10.7.2.2).
+        if (wr->num_sge != 1 || wr->sg_list[0].length != 8) err = EINVAL;
+        w.remote_va = wr->wr.atomic.remote_addr;
+        w.rkey = wr->wr.atomic.rkey;
+        w.compare_add = wr->wr.atomic.compare_add;
+        w.swap = wr->wr.atomic.swap;
+      }
+      if (err) break;
       // Inline data is read now and needs no lkey (IBA 10.7.2.1).
       bool ok = true;
       if (w.flags & rc::kInline) {
         for (int i = 0; i < wr->num_sge; i++)
           w.sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
       } else {
-        ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, false);
+        ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, rd);
       }
       if (!ok) {
-        c.engine().post_error(*qp->t, wr->wr_id,
-                              (w.opcode == rc::WrOpcode::send || w.opcode == rc::WrOpcode::send_imm)
-                                  ? rc::WcOpcode::send : rc::WcOpcode::rdma_write,
+        c.engine().post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w.opcode),
                               rc::WcStatus::loc_prot_err, false);
         continue;
       }

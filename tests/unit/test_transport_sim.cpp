@@ -376,3 +376,157 @@ TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing
     }
   }
 }
+
+TEST_CASE("RDMA READ: multi-packet, byte-exact, under loss (implied NAK)", "[sim]") {
+  for (double drop : {0.0, 0.05, 0.2}) {
+    DYNAMIC_SECTION("drop " << drop) {
+      net::SimFaults f;
+      f.drop = drop;
+      f.reorder = drop > 0 ? 0.05 : 0;
+      Pair p(21 + uint64_t(drop * 100), f);
+      p.a.qp->max_rd_atomic = 4;
+      std::vector<uint8_t> remote(300000), local(300000, 0), tail(5000, 0), tx(5000, 9);
+      for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 13 + 1);
+      p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};
+      p.b.qp->access = kAccessRemoteRead | kAccessRemoteWrite;
+      RecvWr r;
+      r.wr_id = 50;
+      r.num_sge = 1;
+      r.sge[0] = {tail.data(), 5000};
+      REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+      // Six READs of various sizes, then a SEND that must not overtake them.
+      uint32_t off = 0;
+      std::vector<std::pair<uint32_t, uint32_t>> reads;
+      for (uint32_t len : {1u, 1024u, 1025u, 50000u, 0u, 100000u}) {
+        SendWr w;
+        w.wr_id = reads.size();
+        w.opcode = WrOpcode::rdma_read;
+        w.flags = kSignaled;
+        w.remote_va = 0x100000 + off;
+        w.rkey = 9;
+        w.num_sge = 1;
+        w.sge[0] = {local.data() + off, len};
+        REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+        reads.push_back({off, len});
+        off += len + 7;
+      }
+      SendWr s;
+      s.wr_id = 100;
+      s.flags = kSignaled;
+      s.num_sge = 1;
+      s.sge[0] = {tx.data(), 5000};
+      REQUIRE(p.a.e->post_send(*p.a.qp, s) == 0);
+      std::vector<Completion> sc;
+      REQUIRE(p.run([&] {
+        auto c = drain(p.a.scq);
+        sc.insert(sc.end(), c.begin(), c.end());
+        return sc.size() == reads.size() + 1;
+      }));
+      for (size_t i = 0; i < reads.size(); i++) {
+        CHECK(sc[i].status == WcStatus::success);
+        CHECK(sc[i].wr_id == i);
+        CHECK(sc[i].opcode == WcOpcode::rdma_read);
+        CHECK(sc[i].byte_len == reads[i].second);
+        CHECK(std::memcmp(local.data() + reads[i].first, remote.data() + reads[i].first,
+                          reads[i].second) == 0);
+      }
+      CHECK(sc.back().wr_id == 100);
+      CHECK(local[1] == 0);   // the 7-byte gaps stay untouched
+      if (drop > 0) CHECK(p.a.e->counters[uint32_t(Counter::retransmits)] > 0);
+    }
+  }
+}
+
+TEST_CASE("ATOMICs execute exactly once under duplication and loss", "[sim]") {
+  net::SimFaults f;
+  f.drop = 0.1;
+  f.duplicate = 0.2;
+  f.reorder = 0.05;
+  Pair p(31, f);
+  p.a.qp->max_rd_atomic = 16;
+  alignas(8) uint64_t word = 1000;
+  p.b.mem.regions[3] = {reinterpret_cast<uint8_t *>(&word), 0x2000, 8, kAccessRemoteAtomic};
+  p.b.qp->access = kAccessRemoteAtomic;
+  const int n = 200;
+  std::vector<uint64_t> orig(n + 1, 0);
+  for (int i = 0; i < n; i++) {
+    SendWr w;
+    w.wr_id = i;
+    w.opcode = WrOpcode::atomic_fetch_add;
+    w.flags = kSignaled;
+    w.remote_va = 0x2000;
+    w.rkey = 3;
+    w.compare_add = 3;
+    w.num_sge = 1;
+    w.sge[0] = {reinterpret_cast<uint8_t *>(&orig[i]), 8};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  // A compare-and-swap that succeeds, after all the adds.
+  SendWr c;
+  c.wr_id = n;
+  c.opcode = WrOpcode::atomic_cmp_swp;
+  c.flags = kSignaled;
+  c.remote_va = 0x2000;
+  c.rkey = 3;
+  c.compare_add = 1000 + 3 * n;
+  c.swap = 7;
+  c.num_sge = 1;
+  c.sge[0] = {reinterpret_cast<uint8_t *>(&orig[n]), 8};
+  REQUIRE(p.a.e->post_send(*p.a.qp, c) == 0);
+  std::vector<Completion> sc;
+  REQUIRE(p.run([&] {
+    auto d = drain(p.a.scq);
+    sc.insert(sc.end(), d.begin(), d.end());
+    return sc.size() == size_t(n + 1);
+  }));
+  for (int i = 0; i < n; i++) {
+    REQUIRE(sc[i].status == WcStatus::success);
+    CHECK(orig[i] == 1000u + 3u * i);   // each add saw every earlier one, once
+  }
+  CHECK(sc[n].opcode == WcOpcode::comp_swap);
+  CHECK(orig[n] == 1000u + 3u * n);
+  CHECK(word == 7);
+  CHECK(p.b.e->counters[uint32_t(Counter::duplicates)] > 0);
+}
+
+TEST_CASE("READ and ATOMIC access violations", "[sim]") {
+  for (int variant = 0; variant < 3; variant++) {
+    DYNAMIC_SECTION("variant " << variant) {
+      Pair p(40 + variant);
+      alignas(8) uint64_t words[4] = {5, 6, 7, 8};
+      p.b.mem.regions[3] = {reinterpret_cast<uint8_t *>(words), 0x2000, sizeof words,
+                            kAccessRemoteAtomic};
+      p.b.qp->access = kAccessRemoteAtomic | kAccessRemoteRead;
+      uint64_t out = 0;
+      SendWr w;
+      w.wr_id = 1;
+      w.flags = kSignaled;
+      w.rkey = 3;
+      w.num_sge = 1;
+      w.sge[0] = {reinterpret_cast<uint8_t *>(&out), 8};
+      WcStatus want = WcStatus::rem_access_err;
+      if (variant == 0) {   // READ of a region without remote read
+        w.opcode = WrOpcode::rdma_read;
+        w.remote_va = 0x2000;
+      } else if (variant == 1) {   // misaligned atomic
+        w.opcode = WrOpcode::atomic_fetch_add;
+        w.remote_va = 0x2004;
+        want = WcStatus::rem_inv_req_err;
+      } else {   // atomic past the end
+        w.opcode = WrOpcode::atomic_fetch_add;
+        w.remote_va = 0x2000 + sizeof words;
+      }
+      REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+      std::vector<Completion> sc;
+      REQUIRE(p.run([&] {
+        auto d = drain(p.a.scq);
+        sc.insert(sc.end(), d.begin(), d.end());
+        return !sc.empty();
+      }));
+      CHECK(sc[0].status == want);
+      CHECK(words[0] == 5);
+      CHECK(words[3] == 8);
+      CHECK(out == 0);
+    }
+  }
+}

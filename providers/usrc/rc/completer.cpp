@@ -1,44 +1,150 @@
 // Completer: consumes ACKs and NAKs, retires send WQEs, runs the Local ACK
 // Timeout and RNR timers, and decides retries (IBA 9.7.5.1, 9.7.6).
+#include <cstring>
+
 #include "usrc/rc/engine.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
 
 namespace usrc::rc {
 
-static WcOpcode wc_opcode(const SendWqe &w) {
-  return (w.wr.opcode == WrOpcode::send || w.wr.opcode == WrOpcode::send_imm)
-             ? WcOpcode::send : WcOpcode::rdma_write;
+static WcOpcode wc_opcode(const SendWqe &w) { return wc_opcode_of(w.wr.opcode); }
+
+void Engine::complete_head(Qp &qp) {
+  SendWqe &w = qp.sq.at(qp.sq.head);
+  if (qp.sq_sig_all || (w.wr.flags & kSignaled))
+    push(qp.send_cq, {w.wr.wr_id, WcStatus::success, wc_opcode(w), false, false,
+                      w.wr.opcode == WrOpcode::rdma_read ? w.length
+                      : is_rd_atomic(w.wr.opcode)        ? 8u
+                                                         : w.length,
+                      0, qp.qpn, 0, 0, clock_()});
+  qp.sq.head++;
 }
 
-// Every PSN up to and including psn is acknowledged (ACKs are cumulative,
-// IBA 9.7.5.1.1). Returns true if that was progress.
-bool Engine::ack_through(Qp &qp, uint32_t psn) {
-  uint32_t new_una = psn_add(psn, 1);
-  if (psn_diff(new_una, qp.una_psn) <= 0) return false;
-  qp.una_psn = new_una;
-  uint64_t now = clock_();
-  while (!qp.sq.empty()) {
-    SendWqe &w = qp.sq.at(qp.sq.head);
-    if (psn_lt(psn, psn_add(w.first_psn, w.npkts - 1))) break;
-    if (qp.sq_sig_all || (w.wr.flags & kSignaled))
-      push(qp.send_cq, {w.wr.wr_id, WcStatus::success, wc_opcode(w), false, false, w.length,
-                        0, qp.qpn, 0, 0, now});
-    qp.sq.head++;
-  }
+// una moved forward: restore the retry budgets (forward progress) and
+// re-arm the Local ACK Timeout for what is still outstanding.
+void Engine::advanced(Qp &qp) {
   if (psn_lt(qp.tx_psn, qp.una_psn)) go_back_n(qp, qp.una_psn);
-  // Forward progress restores the retry budgets.
   qp.retry_left = qp.retry_cnt;
   qp.rnr_left = qp.rnr_retry;
   qp.ack_deadline = 0;
   if (qp.una_psn != qp.tx_high) {
     if (uint64_t t = local_ack_timeout_ns(qp.timeout)) {
-      qp.ack_deadline = now + t;
+      qp.ack_deadline = clock_() + t;
       arm_timer(qp.ack_deadline);
     }
   }
   if (qp.state == QpState::sqd && qp.sq.empty() && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
-  return true;
+}
+
+// A response gap (IBA 9.7.5.1.3, "implied NAK"): a READ response or ATOMIC
+// ACK is missing, so resend from una: the rest of the READ and everything
+// after it. Once per una, however many later packets show the gap.
+void Engine::implied_nak(Qp &qp) {
+  if (qp.implied_nak_psn == qp.una_psn) return;
+  qp.implied_nak_psn = qp.una_psn;
+  count(Counter::implied_naks);
+  go_back_n(qp, qp.una_psn);
+}
+
+// Every PSN up to and including psn is acknowledged (ACKs are cumulative,
+// IBA 9.7.5.1.1), except that a READ or ATOMIC completes only with its own
+// response data. Returns true if that was progress.
+bool Engine::ack_through(Qp &qp, uint32_t psn) {
+  uint32_t new_una = psn_add(psn, 1);
+  if (psn_diff(new_una, qp.una_psn) <= 0) return false;
+  bool gap = false;
+  while (!qp.sq.empty()) {
+    SendWqe &w = qp.sq.at(qp.sq.head);
+    if (is_rd_atomic(w.wr.opcode)) {
+      if (psn_le(w.first_psn, psn)) {
+        // Acknowledged beyond a READ/ATOMIC whose response we lack.
+        gap = true;
+        if (psn_lt(qp.una_psn, w.first_psn)) new_una = w.first_psn;
+        else new_una = qp.una_psn;
+      }
+      break;
+    }
+    if (psn_lt(psn, psn_add(w.first_psn, w.npkts - 1))) break;
+    complete_head(qp);
+  }
+  bool progress = psn_diff(new_una, qp.una_psn) > 0;
+  if (progress) {
+    qp.una_psn = new_una;
+    advanced(qp);
+  }
+  if (gap) implied_nak(qp);
+  return progress;
+}
+
+// RDMA READ response packets, in PSN order (IBA 9.7.5.1.4).
+void Engine::read_response(Qp &qp, const PacketView &v) {
+  uint32_t psn = v.psn();
+  if (psn != qp.una_psn) {
+    if (psn_lt(qp.una_psn, psn)) implied_nak(qp);   // earlier responses lost
+    else count(Counter::duplicates);                // already have it
+    return;
+  }
+  if (qp.sq.empty()) return;
+  SendWqe &w = qp.sq.at(qp.sq.head);
+  uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
+  if (w.wr.opcode != WrOpcode::rdma_read || k >= w.npkts) {
+    count(Counter::ghost_acks);
+    return;
+  }
+  uint32_t off = k * qp.pmtu;
+  uint32_t want = std::min(qp.pmtu, w.length - std::min(off, w.length));
+  uint32_t mask = v.p.info->mask;
+  bool first = k == 0, last = k + 1 == w.npkts;
+  // A READ resumed after a gap is answered FIRST..LAST again from there,
+  // so FIRST may come at any point; LAST only at the end.
+  (void)first;
+  if (v.p.payload_len != want || bool(mask & wire::IS_LAST) != last) {
+    count(Counter::malformed_drops);
+    return;
+  }
+  // Scatter into the WQE's local buffers at off.
+  const uint8_t *src = v.p.payload;
+  uint32_t skip = off, left = want;
+  for (uint32_t i = 0; i < w.wr.num_sge && left; i++) {
+    const Sge &g = w.wr.sge[i];
+    if (skip >= g.length) {
+      skip -= g.length;
+      continue;
+    }
+    uint32_t n = std::min(g.length - skip, left);
+    std::memcpy(g.addr + skip, src, n);
+    src += n;
+    left -= n;
+    skip = 0;
+  }
+  qp.una_psn = psn_add(psn, 1);
+  if (last) complete_head(qp);
+  advanced(qp);
+  requester_tx(qp);
+}
+
+// ATOMIC ACKNOWLEDGE: the original value of the remote word (IBA 9.4.5).
+void Engine::atomic_ack(Qp &qp, const PacketView &v) {
+  uint32_t psn = v.psn();
+  if (psn != qp.una_psn) {
+    if (psn_lt(qp.una_psn, psn)) implied_nak(qp);
+    else count(Counter::duplicates);
+    return;
+  }
+  if (qp.sq.empty()) return;
+  SendWqe &w = qp.sq.at(qp.sq.head);
+  if (w.first_psn != psn || (w.wr.opcode != WrOpcode::atomic_cmp_swp &&
+                             w.wr.opcode != WrOpcode::atomic_fetch_add)) {
+    count(Counter::ghost_acks);
+    return;
+  }
+  uint64_t orig = v.p.h.atomic_ack;
+  std::memcpy(w.wr.sge[0].addr, &orig, sizeof orig);   // host order, as rxe does
+  qp.una_psn = psn_add(psn, 1);
+  complete_head(qp);
+  advanced(qp);
+  requester_tx(qp);
 }
 
 // The WQE at the head failed: complete it with st, then the QP goes to the
@@ -54,16 +160,15 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
 }
 
 void Engine::completer_rx(Qp &qp, const PacketView &v) {
-  if (v.opcode() != static_cast<uint8_t>(wire::Opcode::RC_ACKNOWLEDGE)) {
-    count(Counter::malformed_drops);   // READ/ATOMIC responses: not requested yet
-    return;
-  }
   uint32_t psn = v.psn();
-  // An ACK/NAK must name a PSN we sent: in [una - 1, tx_high - 1].
+  // A response must name a PSN we sent: in [una - 1, tx_high - 1].
   if (psn_diff(psn, qp.tx_high) >= 0 || psn_diff(psn, psn_add(qp.una_psn, kPsnMask)) < 0) {
     count(Counter::ghost_acks);
     return;
   }
+  if (v.p.info->mask & wire::IS_READ) return read_response(qp, v);
+  if (v.opcode() == static_cast<uint8_t>(wire::Opcode::RC_ATOMIC_ACKNOWLEDGE))
+    return atomic_ack(qp, v);
   uint8_t syn = v.p.h.aeth.syndrome;
   // A NAK names the PSN the responder expects; one older than una is stale.
   if (wire::aeth_type(syn) != wire::AckType::ack && psn_lt(psn, qp.una_psn)) {
@@ -88,7 +193,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
         }
         qp.rnr_left--;
       }
-      go_back_n(qp, psn);
+      go_back_n(qp, qp.una_psn);   // una may lag psn: READ data still missing
       qp.ack_deadline = 0;
       qp.rnr_deadline = clock_() + rnr_timer_ns(wire::aeth_value(syn));
       arm_timer(qp.rnr_deadline);
@@ -107,7 +212,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
           }
           qp.retry_left--;
         }
-        go_back_n(qp, psn);
+        go_back_n(qp, qp.una_psn);   // una may lag psn: READ data still missing
         requester_tx(qp);
         return;
       }

@@ -112,9 +112,7 @@ void Engine::flush_queues(Qp &qp) {
   uint64_t now = clock_();
   for (; !qp.sq.empty(); qp.sq.head++) {
     SendWqe &w = qp.sq.at(qp.sq.head);
-    WcOpcode op = (w.wr.opcode == WrOpcode::send || w.wr.opcode == WrOpcode::send_imm)
-                      ? WcOpcode::send : WcOpcode::rdma_write;
-    push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, op, false, false, 0, 0, qp.qpn,
+    push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wc_opcode_of(w.wr.opcode), false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
   qp.tx_pos = qp.sq.head;

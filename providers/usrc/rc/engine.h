@@ -83,11 +83,20 @@ class Engine {
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
   bool ack_through(Qp &qp, uint32_t psn);
+  void read_response(Qp &qp, const struct PacketView &p);
+  void atomic_ack(Qp &qp, const struct PacketView &p);
+  void complete_head(Qp &qp);
+  void advanced(Qp &qp);
+  void implied_nak(Qp &qp);
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   // responder.cpp
   void responder_rx(Qp &qp, const struct PacketView &p);
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void read_request(Qp &qp, const struct PacketView &p, bool duplicate);
+  void atomic_request(Qp &qp, const struct PacketView &p, bool duplicate);
+  void send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len);
+  void send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig);
   void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                      uint32_t imm_be, bool solicited);
   // engine.cpp

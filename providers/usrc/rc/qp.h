@@ -56,6 +56,7 @@ struct Qp {
   uint8_t retry_cnt = 7;
   uint8_t rnr_retry = 7;      // 7 = retry forever
   uint8_t min_rnr_timer = 0;  // the RNR NAK timer code we send
+  uint8_t max_rd_atomic = 1;  // READ/ATOMIC requests in flight (initiator depth)
 
   Ring<SendWqe> sq;
   Ring<RecvWqe> rq;
@@ -73,6 +74,7 @@ struct Qp {
   uint8_t rnr_left = 7;
   uint64_t ack_deadline = 0;  // Local ACK Timeout; 0 = disarmed
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
+  uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
 
   // Responder.
   uint32_t epsn = 0;          // expected PSN (rq_psn)
@@ -87,6 +89,19 @@ struct Qp {
   // would retry until "retry exceeded" (the end of every pingpong).
   uint64_t linger_until = 0;  // 0: a live QP
   uint32_t recv_offset = 0;
+  // Executed READ and ATOMIC requests, kept to answer duplicates from saved
+  // state (IBA 9.7.5.2.2: a duplicate READ is re-executed from the saved
+  // request, a duplicate ATOMIC returns the saved result, never re-executed).
+  struct RdRes {
+    bool valid = false;
+    bool atomic = false;
+    uint32_t psn = 0, npkts = 0;
+    uint64_t va = 0;
+    uint32_t rkey = 0, len = 0;
+    uint64_t orig = 0;
+  };
+  RdRes res[kMaxRdAtomic];
+  uint32_t res_next = 0;
   uint8_t *write_ptr = nullptr;
   uint32_t write_left = 0;
   uint32_t write_len = 0;

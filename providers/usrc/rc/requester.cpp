@@ -27,6 +27,9 @@ static Opcode request_opcode(const SendWqe &w, uint32_t k) {
       return only ? Opcode::RC_WRITE_ONLY_IMM : first ? Opcode::RC_WRITE_FIRST
                                              : last ? Opcode::RC_WRITE_LAST_IMM
                                                     : Opcode::RC_WRITE_MIDDLE;
+    case WrOpcode::rdma_read: return Opcode::RC_READ_REQUEST;
+    case WrOpcode::atomic_cmp_swp: return Opcode::RC_COMPARE_SWAP;
+    case WrOpcode::atomic_fetch_add: return Opcode::RC_FETCH_ADD;
   }
   return Opcode::RC_SEND_ONLY;
 }
@@ -40,12 +43,26 @@ void Engine::requester_tx(Qp &qp) {
   while (qp.tx_psn != qp.next_psn && cap--) {
     if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= qp.window) break;
     SendWqe &w = qp.sq.at(qp.tx_pos);
-    // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
-    if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
+    const bool rd = is_rd_atomic(w.wr.opcode);
+    if (qp.tx_psn == w.first_psn || rd) {
+      // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
+      if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
+      // READ/ATOMIC requests in flight before this WQE.
+      uint32_t in_flight = 0;
+      for (uint64_t pos = qp.sq.head; pos != qp.tx_pos; pos++)
+        in_flight += is_rd_atomic(qp.sq.at(pos).wr.opcode);
+      // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
+      if ((w.wr.flags & kFence) && in_flight) break;
+      // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).
+      if (rd && in_flight >= std::max<uint32_t>(qp.max_rd_atomic, 1)) break;
+    }
+    // A READ takes one request packet but as many PSNs as response packets
+    // (IBA 9.7.1.2): after it, the next PSN is first_psn + npkts.
+    uint32_t next = rd ? psn_add(w.first_psn, w.npkts) : psn_add(qp.tx_psn, 1);
     build_request(qp, w, qp.tx_psn);
-    if (psn_diff(psn_add(qp.tx_psn, 1), qp.tx_high) > 0) qp.tx_high = psn_add(qp.tx_psn, 1);
+    if (psn_diff(next, qp.tx_high) > 0) qp.tx_high = next;
     else count(Counter::retransmits);
-    qp.tx_psn = psn_add(qp.tx_psn, 1);
+    qp.tx_psn = next;
     if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
   }
   if (qp.una_psn != qp.tx_high && !qp.ack_deadline) {
@@ -64,6 +81,21 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn) {
   bool last = k + 1 == w.npkts;
 
   wire::Headers h;
+  if (is_rd_atomic(w.wr.opcode)) {
+    h.bth.opcode = static_cast<uint8_t>(request_opcode(w, 0));
+    h.bth.pkey = 0xffff;
+    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.psn = psn;
+    h.bth.ack_req = true;
+    // A READ resent from inside (after a response gap) asks for the rest.
+    h.reth = {w.wr.remote_va + off, w.wr.rkey, w.length - std::min(off, w.length)};
+    h.atomic = {w.wr.remote_va, w.wr.rkey, w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap
+                                                                                    : w.wr.compare_add,
+                w.wr.compare_add};
+    TxSlot &s = tx_slot();
+    tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
+    return;
+  }
   h.bth.opcode = static_cast<uint8_t>(request_opcode(w, k));
   h.bth.pkey = 0xffff;
   h.bth.dest_qp = qp.dest_qpn;

@@ -56,10 +56,14 @@ static void scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
   const int32_t d = psn_diff(psn, qp.epsn);
+  const uint32_t mask = v.p.info->mask;
   if (d < 0) {
     // Duplicate (IBA 9.7.5.2.2): already executed; acknowledge again so a
-    // requester whose ACK was lost makes progress.
+    // requester whose ACK was lost makes progress. READ and ATOMIC are
+    // answered from the saved request.
     count(Counter::duplicates);
+    if (mask & wire::IS_READ) return read_request(qp, v, true);
+    if (mask & wire::IS_ATOMIC) return atomic_request(qp, v, true);
     if (!qp.ack_pending) ack_list_.push_back(&qp);
     qp.ack_pending = true;
     return;
@@ -74,7 +78,6 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     return;
   }
 
-  const uint32_t mask = v.p.info->mask;
   const bool is_send = mask & wire::IS_SEND, is_write = mask & wire::IS_WRITE;
   const bool first = mask & wire::IS_FIRST, last = mask & wire::IS_LAST;
   const uint32_t len = static_cast<uint32_t>(v.p.payload_len);
@@ -87,9 +90,11 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
   };
 
-  if (!is_send && !is_write) {   // READ and ATOMIC are not executed yet
-    invalid();
-    return;
+  if (!is_send && !is_write) {   // READ or ATOMIC
+    if (qp.in_msg) return invalid();
+    qp.nak_sent = false;
+    if (mask & wire::IS_READ) return read_request(qp, v, false);
+    return atomic_request(qp, v, false);
   }
   // Opcode sequence (IBA 9.7.4.2.2): FIRST/ONLY start a message, MIDDLE/
   // LAST continue one of the same kind.
@@ -174,6 +179,119 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     if (!qp.ack_pending) ack_list_.push_back(&qp);
     qp.ack_pending = true;
   }
+}
+
+void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len) {
+  uint32_t n = len == 0 ? 1 : (len + qp.pmtu - 1) / qp.pmtu;
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t off = k * qp.pmtu, l = std::min(qp.pmtu, len - off);
+    bool first = k == 0, last = k + 1 == n;
+    wire::Headers h;
+    h.bth.opcode = static_cast<uint8_t>(first && last ? Opcode::RC_READ_RESPONSE_ONLY
+                                        : first       ? Opcode::RC_READ_RESPONSE_FIRST
+                                        : last        ? Opcode::RC_READ_RESPONSE_LAST
+                                                      : Opcode::RC_READ_RESPONSE_MIDDLE);
+    h.bth.pkey = 0xffff;
+    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.psn = psn_add(psn, k);
+    h.aeth = {wire::aeth_ack(), qp.msn};
+    TxSlot &s = tx_slot();
+    size_t hl = wire::build_headers(h, l, s.hdr);
+    size_t pieces = 0;
+    if (l) s.iov[1 + pieces++] = {const_cast<uint8_t *>(data) + off, l};
+    tx_commit(qp, hl, l, pieces);
+  }
+}
+
+void Engine::send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig) {
+  wire::Headers h;
+  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ATOMIC_ACKNOWLEDGE);
+  h.bth.pkey = 0xffff;
+  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.psn = psn;
+  h.aeth = {wire::aeth_ack(), qp.msn};
+  h.atomic_ack = orig;
+  TxSlot &s = tx_slot();
+  tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
+}
+
+// RDMA READ (IBA 9.7.4.2.6): executed at once; the responses take the
+// request's PSN and the ones after it.
+void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
+  const uint32_t psn = v.psn();
+  if (duplicate) {
+    for (const Qp::RdRes &e : qp.res) {
+      if (!e.valid || e.atomic || psn_lt(psn, e.psn) || !psn_lt(psn, psn_add(e.psn, e.npkts)))
+        continue;
+      // Re-read the memory (it may have been deregistered meanwhile).
+      uint32_t off = static_cast<uint32_t>(psn_diff(psn, e.psn)) * qp.pmtu;
+      uint8_t *p = e.len ? mem_->resolve(qp.pd, e.rkey, e.va, e.len, kAccessRemoteRead) : nullptr;
+      if (e.len && !p) return;
+      send_read_responses(qp, psn, p ? p + off : nullptr, e.len - std::min(off, e.len));
+      return;
+    }
+    return;   // older than the saved requests: nothing to answer
+  }
+  const wire::Reth &r = v.p.h.reth;
+  uint8_t *p = nullptr;
+  if (r.dma_len) {
+    p = (qp.access & kAccessRemoteRead)
+            ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
+    if (!p) {
+      send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
+      qp.nak_sent = true;
+      set_state(qp, QpState::err);
+      if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
+      return;
+    }
+  }
+  uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu;
+  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, false, psn, n, r.va, r.rkey, r.dma_len, 0};
+  qp.epsn = psn_add(qp.epsn, n);
+  qp.msn = msn_add(qp.msn, 1);
+  send_read_responses(qp, psn, p, r.dma_len);
+}
+
+// ATOMIC (IBA 9.7.4.2.7): executed once with a CPU atomic on the 8-byte
+// word (so it is atomic against every other atomic on this host, from any
+// QP or process, and against the host's own atomics); the original value is
+// saved for duplicates.
+void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
+  const uint32_t psn = v.psn();
+  if (duplicate) {
+    for (const Qp::RdRes &e : qp.res)
+      if (e.valid && e.atomic && e.psn == psn) return send_atomic_ack(qp, psn, e.orig);
+    return;
+  }
+  const wire::AtomicEth &a = v.p.h.atomic;
+  if (a.va % 8) {
+    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
+    qp.nak_sent = true;
+    set_state(qp, QpState::err);
+    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
+    return;
+  }
+  uint8_t *p = (qp.access & kAccessRemoteAtomic)
+                   ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
+  if (!p) {
+    send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
+    qp.nak_sent = true;
+    set_state(qp, QpState::err);
+    if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
+    return;
+  }
+  auto *word = reinterpret_cast<uint64_t *>(p);
+  uint64_t orig;
+  if (v.opcode() == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP)) {
+    orig = a.compare;
+    __atomic_compare_exchange_n(word, &orig, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } else {
+    orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
+  }
+  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, true, psn, 1, a.va, a.rkey, 8, orig};
+  qp.epsn = psn_add(qp.epsn, 1);
+  qp.msn = msn_add(qp.msn, 1);
+  send_atomic_ack(qp, psn, orig);
 }
 
 }  // namespace usrc::rc

@@ -26,8 +26,27 @@ enum class WcOpcode : uint8_t {   // = enum ibv_wc_opcode
 };
 
 enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
-  rdma_write = 0, rdma_write_imm = 1, send = 2, send_imm = 3,
+  rdma_write = 0, rdma_write_imm = 1, send = 2, send_imm = 3, rdma_read = 4,
+  atomic_cmp_swp = 5, atomic_fetch_add = 6,
 };
+
+// READ and ATOMIC: one request, answered with data (IBA 9.4.3, 9.4.5).
+constexpr bool is_rd_atomic(WrOpcode op) {
+  return op == WrOpcode::rdma_read || op == WrOpcode::atomic_cmp_swp ||
+         op == WrOpcode::atomic_fetch_add;
+}
+constexpr uint32_t kMaxRdAtomic = 16;
+
+constexpr WcOpcode wc_opcode_of(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::send:
+    case WrOpcode::send_imm: return WcOpcode::send;
+    case WrOpcode::rdma_read: return WcOpcode::rdma_read;
+    case WrOpcode::atomic_cmp_swp: return WcOpcode::comp_swap;
+    case WrOpcode::atomic_fetch_add: return WcOpcode::fetch_add;
+    default: return WcOpcode::rdma_write;
+  }
+}   // initiator depth and responder resources
 
 enum WrFlags : uint32_t {         // = enum ibv_send_flags
   kFence = 1, kSignaled = 2, kSolicited = 4, kInline = 8,
@@ -45,6 +64,8 @@ struct SendWr {
   uint32_t imm_be = 0;            // network byte order, as in ibv_send_wr
   uint64_t remote_va = 0;
   uint32_t rkey = 0;
+  uint64_t compare_add = 0;       // atomics: compare (CMP_SWP) or add (FETCH_ADD)
+  uint64_t swap = 0;
   uint32_t num_sge = 0;
   Sge sge[kMaxSge];               // validated by the glue (lkey, bounds, access)
 };

@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -389,8 +390,10 @@ TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   Params ok;
   REQUIRE(to_rtr(d, a.qp, a.qp->qp_num, ok) == 0);
   REQUIRE(to_rts(a.qp, ok) == 0);
-  CHECK(post_send(a.qp, 1, IBV_WR_RDMA_READ, &s, 0, 0) == EOPNOTSUPP);
-  CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, &s, 0, 0) == EOPNOTSUPP);
+  alignas(8) uint64_t scratch = 0;
+  ibv_sge seven{uintptr_t(&scratch), 7, 0};
+  CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, &seven, 1, 0) == EINVAL);   // not 8 bytes
+  CHECK(post_send(a.qp, 1, IBV_WR_RDMA_READ, &seven, 1, IBV_SEND_INLINE) == EINVAL);
   ibv_sge many[9] = {};
   CHECK(post_send(a.qp, 1, IBV_WR_SEND, many, 9, 0) == EINVAL);
   ibv_qp_init_attr ud{};
@@ -484,4 +487,173 @@ TEST_CASE("malformed datagrams to a QP's port are dropped and counted", "[verbs]
   CHECK(rx == tx);
   ibv_dereg_mr(mr);
   ibv_dereg_mr(mt);
+}
+
+TEST_CASE("RDMA READ and ATOMICs through the verbs API", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.access = pb.access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  connect_pair(d, a, b, pa, pb);
+  std::vector<uint8_t> remote(1 << 20), local(1 << 20, 0);
+  for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 7 + i / 4096);
+  alignas(8) uint64_t words[2] = {100, 5};
+  ibv_mr *mr = ibv_reg_mr(d.pd, remote.data(), remote.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_mr *ml = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mw = ibv_reg_mr(d.pd, words, sizeof words, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  alignas(8) uint64_t res[3] = {0, 0, 0};
+  ibv_mr *mres = ibv_reg_mr(d.pd, res, sizeof res, IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge s{uintptr_t(local.data()), uint32_t(local.size()), ml->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_READ, &s, 1, IBV_SEND_SIGNALED, uintptr_t(remote.data()), mr->rkey) == 0);
+  auto fa = [&](uint64_t id, uint64_t *out, uint64_t add) {
+    ibv_send_wr wr{}, *bad;
+    ibv_sge g{uintptr_t(out), 8, mres->lkey};
+    wr.wr_id = id;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.sg_list = &g;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic = {uintptr_t(&words[0]), add, 0, mw->rkey};
+    return ibv_post_send(a.qp, &wr, &bad);
+  };
+  REQUIRE(fa(2, &res[0], 11) == 0);
+  ibv_send_wr wr{}, *bad;
+  ibv_sge g{uintptr_t(&res[1]), 8, mres->lkey};
+  wr.wr_id = 3;
+  wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+  wr.sg_list = &g;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+  wr.wr.atomic = {uintptr_t(&words[1]), 5, 42, mw->rkey};
+  REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+  auto wc = poll(a.cq, 3);
+  REQUIRE(wc.size() == 3);
+  for (auto &w : wc) CHECK(w.status == IBV_WC_SUCCESS);
+  CHECK(wc[0].opcode == IBV_WC_RDMA_READ);
+  CHECK(wc[0].byte_len == local.size());
+  CHECK(wc[1].opcode == IBV_WC_FETCH_ADD);
+  CHECK(wc[2].opcode == IBV_WC_COMP_SWAP);
+  CHECK(local == remote);
+  CHECK(res[0] == 100);
+  CHECK(words[0] == 111);
+  CHECK(res[1] == 5);
+  CHECK(words[1] == 42);
+  // A READ beyond the region: REM_ACCESS_ERR, nothing read.
+  std::fill(local.begin(), local.end(), 0);
+  ibv_sge s2{uintptr_t(local.data()), 100, ml->lkey};
+  REQUIRE(post_send(a.qp, 4, IBV_WR_RDMA_READ, &s2, 1, IBV_SEND_SIGNALED, uintptr_t(remote.data()) + remote.size() - 50, mr->rkey) == 0);
+  wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_REM_ACCESS_ERR);
+  CHECK(local[0] == 0);
+  for (ibv_mr *m : {mr, ml, mw, mres}) ibv_dereg_mr(m);
+}
+
+// Two processes hammer the same 8-byte word of a third with FETCH_AND_ADD:
+// the final value is the number of adds (atomic across QPs and processes).
+TEST_CASE("two processes FETCH_AND_ADD one word", "[verbs]") {
+  const int kProcs = 2, kAdds = 2000;
+  int to_child[kProcs][2], to_parent[kProcs][2];
+  pid_t pids[kProcs];
+  for (int i = 0; i < kProcs; i++) {
+    REQUIRE(pipe(to_child[i]) == 0);
+    REQUIRE(pipe(to_parent[i]) == 0);
+    pids[i] = fork();
+    REQUIRE(pids[i] >= 0);
+    if (pids[i] == 0) {
+      // Child: own context, one QP, kAdds FETCH_AND_ADDs of 1, 16 in flight.
+      int rc = 1;
+      {
+        Dev d;
+        Qp q(d, 64);
+        uint32_t my = q.qp->qp_num, peer = 0;
+        uint64_t va = 0;
+        uint32_t rkey = 0;
+        if (write(to_parent[i][1], &my, 4) == 4 && read(to_child[i][0], &peer, 4) == 4 &&
+            read(to_child[i][0], &va, 8) == 8 && read(to_child[i][0], &rkey, 4) == 4) {
+          Params p;
+          REQUIRE(to_init(q.qp, 0) == 0);
+          REQUIRE(to_rtr(d, q.qp, peer, p) == 0);
+          ibv_qp_attr a{};
+          a.qp_state = IBV_QPS_RTS;
+          a.timeout = 14;
+          a.retry_cnt = 7;
+          a.rnr_retry = 7;
+          a.max_rd_atomic = 16;
+          REQUIRE(ibv_modify_qp(q.qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                         IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+          alignas(8) static uint64_t out[64];
+          ibv_mr *m = ibv_reg_mr(d.pd, out, sizeof out, IBV_ACCESS_LOCAL_WRITE);
+          int posted = 0, done = 0, errors = 0;
+          while (done < kAdds) {
+            while (posted < kAdds && posted - done < 16) {
+              ibv_send_wr wr{}, *bad;
+              ibv_sge g{uintptr_t(&out[posted % 64]), 8, m->lkey};
+              wr.wr_id = posted;
+              wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+              wr.sg_list = &g;
+              wr.num_sge = 1;
+              wr.send_flags = IBV_SEND_SIGNALED;
+              wr.wr.atomic = {va, 1, 0, rkey};
+              if (ibv_post_send(q.qp, &wr, &bad)) break;
+              posted++;
+            }
+            ibv_wc wc[16];
+            int n = ibv_poll_cq(q.cq, 16, wc);
+            for (int k = 0; k < n; k++) errors += wc[k].status != IBV_WC_SUCCESS;
+            done += n > 0 ? n : 0;
+          }
+          ibv_dereg_mr(m);
+          rc = errors ? 2 : 0;
+          char ok = 1;
+          (void)!write(to_parent[i][1], &ok, 1);
+        }
+      }
+      _exit(rc);
+    }
+  }
+  Dev d;
+  alignas(8) static uint64_t word = 1u << 20;
+  ibv_mr *m = ibv_reg_mr(d.pd, &word, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  std::vector<std::unique_ptr<Qp>> qps;
+  for (int i = 0; i < kProcs; i++) {
+    uint32_t child = 0;
+    REQUIRE(read(to_parent[i][0], &child, 4) == 4);
+    qps.push_back(std::make_unique<Qp>(d, 64));
+    Params p;
+    p.access = IBV_ACCESS_REMOTE_ATOMIC;
+    ibv_qp_attr a{};
+    REQUIRE(to_init(qps[i]->qp, p.access) == 0);
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTR;
+    r.path_mtu = IBV_MTU_1024;
+    r.dest_qp_num = child;
+    r.max_dest_rd_atomic = 16;
+    r.min_rnr_timer = 12;
+    r.ah_attr.port_num = 1;
+    r.ah_attr.dlid = d.port.lid;
+    if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+      r.ah_attr.is_global = 1;
+      REQUIRE(ibv_query_gid(d.ctx, 1, 0, &r.ah_attr.grh.dgid) == 0);
+    }
+    REQUIRE(ibv_modify_qp(qps[i]->qp, &r, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+    (void)a;
+    uint32_t mine = qps[i]->qp->qp_num;
+    uint64_t va = uintptr_t(&word);
+    REQUIRE(write(to_child[i][1], &mine, 4) == 4);
+    REQUIRE(write(to_child[i][1], &va, 8) == 8);
+    REQUIRE(write(to_child[i][1], &m->rkey, 4) == 4);
+  }
+  for (int i = 0; i < kProcs; i++) {
+    char ok = 0;
+    CHECK(read(to_parent[i][0], &ok, 1) == 1);
+    int status = 0;
+    REQUIRE(waitpid(pids[i], &status, 0) == pids[i]);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK(word == (1u << 20) + uint64_t(kProcs) * kAdds);
+  qps.clear();
+  ibv_dereg_mr(m);
 }

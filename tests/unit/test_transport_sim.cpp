@@ -385,6 +385,7 @@ TEST_CASE("RDMA READ: multi-packet, byte-exact, under loss (implied NAK)", "[sim
       f.reorder = drop > 0 ? 0.05 : 0;
       Pair p(21 + uint64_t(drop * 100), f);
       p.a.qp->max_rd_atomic = 4;
+      p.a.qp->window = 16;   // large READs go in window-sized pieces
       std::vector<uint8_t> remote(300000), local(300000, 0), tail(5000, 0), tx(5000, 9);
       for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 13 + 1);
       p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};

@@ -96,10 +96,11 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
   uint32_t want = std::min(qp.pmtu, w.length - std::min(off, w.length));
   uint32_t mask = v.p.info->mask;
   bool first = k == 0, last = k + 1 == w.npkts;
-  // A READ resumed after a gap is answered FIRST..LAST again from there,
-  // so FIRST may come at any point; LAST only at the end.
+  // A READ asked for in pieces (or resumed after a gap) is answered
+  // FIRST..LAST per piece, so FIRST and LAST may come at any point; the
+  // WQE's last packet is always a LAST.
   (void)first;
-  if (v.p.payload_len != want || bool(mask & wire::IS_LAST) != last) {
+  if (v.p.payload_len != want || (last && !(mask & wire::IS_LAST))) {
     count(Counter::malformed_drops);
     return;
   }

@@ -78,7 +78,7 @@ class Engine {
  private:
   // requester.cpp
   void requester_tx(Qp &qp);
-  void build_request(Qp &qp, SendWqe &w, uint32_t psn);
+  void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next);
   void go_back_n(Qp &qp, uint32_t psn);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);

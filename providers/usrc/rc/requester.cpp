@@ -57,9 +57,16 @@ void Engine::requester_tx(Qp &qp) {
       if (rd && in_flight >= std::max<uint32_t>(qp.max_rd_atomic, 1)) break;
     }
     // A READ takes one request packet but as many PSNs as response packets
-    // (IBA 9.7.1.2): after it, the next PSN is first_psn + npkts.
-    uint32_t next = rd ? psn_add(w.first_psn, w.npkts) : psn_add(qp.tx_psn, 1);
-    build_request(qp, w, qp.tx_psn);
+    // (IBA 9.7.1.2). A large READ is asked for in pieces that fit the window,
+    // each a READ request of its own, so that the responses never overrun
+    // our receive buffer: flow control for the responder's side too.
+    uint32_t next = psn_add(qp.tx_psn, 1);
+    if (rd) {
+      uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.tx_psn));
+      uint32_t room = qp.window - static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+      next = psn_add(qp.tx_psn, std::min(left, room));
+    }
+    build_request(qp, w, qp.tx_psn, next);
     if (psn_diff(next, qp.tx_high) > 0) qp.tx_high = next;
     else count(Counter::retransmits);
     qp.tx_psn = next;
@@ -74,7 +81,7 @@ void Engine::requester_tx(Qp &qp) {
   }
 }
 
-void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn) {
+void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next) {
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   uint32_t off = k * qp.pmtu;
   uint32_t len = std::min(qp.pmtu, w.length - std::min(off, w.length));
@@ -87,8 +94,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn) {
     h.bth.dest_qp = qp.dest_qpn;
     h.bth.psn = psn;
     h.bth.ack_req = true;
-    // A READ resent from inside (after a response gap) asks for the rest.
-    h.reth = {w.wr.remote_va + off, w.wr.rkey, w.length - std::min(off, w.length)};
+    // A READ asked for in pieces, or resent from a response gap, asks for
+    // the bytes of PSNs [psn, next).
+    uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.pmtu, w.length);
+    h.reth = {w.wr.remote_va + off, w.wr.rkey, end - std::min(off, end)};
     h.atomic = {w.wr.remote_va, w.wr.rkey, w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap
                                                                                     : w.wr.compare_add,
                 w.wr.compare_add};

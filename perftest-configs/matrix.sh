@@ -1,0 +1,58 @@
+#!/bin/bash
+# Runs the stock perftest RC tests over usrc on loopback and prints a table:
+# each test with its default options, -a (all sizes), -q 4, -b
+# (bidirectional) and -e (events) where the test has them.
+#
+#   perftest-configs/matrix.sh [DEVICE] [subset]
+#
+# DEVICE is an existing usrc device (default usrc0); "subset" runs the few
+# that the test suite runs. Needs `usrc` on PATH or $USRC, perftest
+# installed. Exit status: the number of failed runs.
+set -u
+DEV=${1:-usrc0}
+SUBSET=${2:-}
+USRC=${USRC:-usrc}
+TMO=${TMO:-300}
+LOG=$(mktemp -d /tmp/usrc-perftest.XXXXXX)
+trap 'rm -rf "$LOG"' EXIT
+
+bw="ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw"
+lat="ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat"
+runs=()
+for t in $bw $lat; do
+  for opt in "" "-a" "-q 4" "-b" "-e"; do
+    case "$t/$opt" in
+      *_lat/-q\ 4|*_lat/-b) continue ;;        # latency tests have neither
+      ib_write_lat/-e|ib_read_lat/-e|ib_atomic_lat/-e) continue ;;   # not supported by perftest
+      ib_atomic_bw/-a|ib_atomic_lat/-a) continue ;;  # atomics are 8 bytes only
+    esac
+    runs+=("$t $opt")
+    [[ $t == ib_atomic_* ]] && runs+=("$t -A CMP_AND_SWAP $opt")
+  done
+done
+if [ -n "$SUBSET" ]; then
+  runs=("ib_send_bw" "ib_write_bw -q 4" "ib_read_bw -b" "ib_write_lat" "ib_send_lat -e"
+        "ib_atomic_bw" "ib_atomic_lat -A CMP_AND_SWAP" "ib_read_lat" "ib_send_bw -a")
+fi
+
+port=$((20000 + RANDOM % 10000))
+fails=0
+printf '%-40s %-6s %s\n' "test" "result" "last line (size, BW MB/s or typical latency us)"
+for r in "${runs[@]}"; do
+  port=$((port + 1))
+  set -- $r
+  timeout "$TMO" "$USRC" exec -- "$@" -d "$DEV" -p $port >"$LOG/srv" 2>&1 &
+  spid=$!
+  for i in $(seq 100); do ss -ltn | grep -q ":$port " && break; sleep 0.1; done
+  timeout "$TMO" "$USRC" exec -- "$@" -d "$DEV" -p $port 127.0.0.1 >"$LOG/cli" 2>&1
+  crc=$?
+  wait $spid; src=$?
+  res=PASS
+  if [ $crc -ne 0 ] || [ $src -ne 0 ]; then res=FAIL; fails=$((fails + 1)); fi
+  line=$(grep -E '^ *[0-9]+ +[0-9]+ ' "$LOG/cli" | tail -1 | awk '{ if (NF >= 9) print $1" B  typical "$5" us"; else print $1" B  "$4" MB/s  "$5" Mpps" }')
+  printf '%-40s %-6s %s\n' "$r" "$res" "$line"
+  if [ $res = FAIL ]; then
+    echo "---- server"; tail -5 "$LOG/srv"; echo "---- client"; tail -5 "$LOG/cli"
+  fi
+done
+exit $fails

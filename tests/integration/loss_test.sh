@@ -2,8 +2,10 @@
 # Real packet loss: two network namespaces joined by a veth pair, nftables
 # dropping a share of usrc's UDP packets on input in both, stock
 # ibv_rc_pingpong with -c (data checked) must complete.
-# Usage: loss_test.sh USRC_CLI PROVIDER_SO PERCENT [ITERS]
-USRC=$1 USRC_PROVIDER=$2 PCT=$3 ITERS=${4:-300}
+# With VERBS_TESTS, our verbs test program (every operation, data checked)
+# also runs inside one namespace under the same loss.
+# Usage: loss_test.sh USRC_CLI PROVIDER_SO PERCENT [ITERS [VERBS_TESTS]]
+USRC=$1 USRC_PROVIDER=$2 PCT=$3 ITERS=${4:-300} VERBS=${5:-}
 . "$(dirname "$0")/lib.sh"
 command -v ibv_rc_pingpong >/dev/null || { echo "ibv_rc_pingpong not installed"; exit 77; }
 command -v nft >/dev/null || { echo "nft not installed"; exit 77; }
@@ -53,6 +55,12 @@ dropped=$(ip netns exec $A nft list ruleset | grep -o 'packets [0-9]*' | awk '{s
 dropped_b=$(ip netns exec $B nft list ruleset | grep -o 'packets [0-9]*' | awk '{s+=$2} END {print s}')
 note "nftables dropped $dropped (A) + $dropped_b (B) packets"
 [ "$PCT" = 0 ] || [ $((dropped + dropped_b)) -gt 0 ] || fail "no packet was dropped: the test did not test loss"
+if [ -n "$VERBS" ]; then
+  # Traffic to the namespace's own address crosses its input hook too.
+  ip netns exec $A env USRC_TEST_DEV=la USRC_TEST_PORT=20000 timeout 300 "$USRC" exec -- "$VERBS" ||
+    fail "verbs tests under $PCT% loss"
+  note "verbs tests passed under $PCT% loss"
+fi
 "$USRC" stats la
 "$USRC" stats lb
 echo "PASS"

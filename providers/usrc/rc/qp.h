@@ -89,18 +89,14 @@ struct Qp {
   // would retry until "retry exceeded" (the end of every pingpong).
   uint64_t linger_until = 0;  // 0: a live QP
   uint32_t recv_offset = 0;
-  // Executed READ and ATOMIC requests, kept to answer duplicates from saved
-  // state (IBA 9.7.5.2.2: a duplicate READ is re-executed from the saved
-  // request, a duplicate ATOMIC returns the saved result, never re-executed).
-  struct RdRes {
+  // Executed ATOMICs, kept to answer duplicates: a duplicate ATOMIC returns
+  // the saved result and is never executed again (IBA 9.7.5.2.2).
+  struct AtomicRes {
     bool valid = false;
-    bool atomic = false;
-    uint32_t psn = 0, npkts = 0;
-    uint64_t va = 0;
-    uint32_t rkey = 0, len = 0;
+    uint32_t psn = 0;
     uint64_t orig = 0;
   };
-  RdRes res[kMaxRdAtomic];
+  AtomicRes res[kMaxRdAtomic];
   uint32_t res_next = 0;
   uint8_t *write_ptr = nullptr;
   uint32_t write_left = 0;

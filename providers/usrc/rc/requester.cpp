@@ -64,6 +64,7 @@ void Engine::requester_tx(Qp &qp) {
     if (rd) {
       uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.tx_psn));
       uint32_t room = qp.window - static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+      if (room < left && room < qp.window / 4) break;   // no tiny pieces
       next = psn_add(qp.tx_psn, std::min(left, room));
     }
     build_request(qp, w, qp.tx_psn, next);

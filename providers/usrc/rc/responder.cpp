@@ -219,20 +219,25 @@ void Engine::send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig) {
 // request's PSN and the ones after it.
 void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
   const uint32_t psn = v.psn();
-  if (duplicate) {
-    for (const Qp::RdRes &e : qp.res) {
-      if (!e.valid || e.atomic || psn_lt(psn, e.psn) || !psn_lt(psn, psn_add(e.psn, e.npkts)))
-        continue;
-      // Re-read the memory (it may have been deregistered meanwhile).
-      uint32_t off = static_cast<uint32_t>(psn_diff(psn, e.psn)) * qp.pmtu;
-      uint8_t *p = e.len ? mem_->resolve(qp.pd, e.rkey, e.va, e.len, kAccessRemoteRead) : nullptr;
-      if (e.len && !p) return;
-      send_read_responses(qp, psn, p ? p + off : nullptr, e.len - std::min(off, e.len));
-      return;
-    }
-    return;   // older than the saved requests: nothing to answer
-  }
   const wire::Reth &r = v.p.h.reth;
+  if (duplicate) {
+    // A READ changes nothing, so a duplicate (or a READ resumed from a
+    // response gap) is executed again from its own RETH (IBA 9.7.5.2.2).
+    // A resumed READ may reach past the expected PSN (it also asks for a
+    // piece whose own request was lost): the expected PSN then moves to
+    // its end, as for a new request.
+    uint8_t *p = r.dma_len && (qp.access & kAccessRemoteRead)
+                     ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
+    if (r.dma_len && !p) return;
+    uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu);
+    if (psn_lt(qp.epsn, end)) {
+      qp.epsn = end;
+      qp.msn = msn_add(qp.msn, 1);
+      qp.nak_sent = false;
+    }
+    send_read_responses(qp, psn, p, r.dma_len);
+    return;
+  }
   uint8_t *p = nullptr;
   if (r.dma_len) {
     p = (qp.access & kAccessRemoteRead)
@@ -246,7 +251,6 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     }
   }
   uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu;
-  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, false, psn, n, r.va, r.rkey, r.dma_len, 0};
   qp.epsn = psn_add(qp.epsn, n);
   qp.msn = msn_add(qp.msn, 1);
   send_read_responses(qp, psn, p, r.dma_len);
@@ -259,8 +263,8 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
 void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   const uint32_t psn = v.psn();
   if (duplicate) {
-    for (const Qp::RdRes &e : qp.res)
-      if (e.valid && e.atomic && e.psn == psn) return send_atomic_ack(qp, psn, e.orig);
+    for (const Qp::AtomicRes &e : qp.res)
+      if (e.valid && e.psn == psn) return send_atomic_ack(qp, psn, e.orig);
     return;
   }
   const wire::AtomicEth &a = v.p.h.atomic;
@@ -288,7 +292,7 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   } else {
     orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
   }
-  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, true, psn, 1, a.va, a.rkey, 8, orig};
+  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, psn, orig};
   qp.epsn = psn_add(qp.epsn, 1);
   qp.msn = msn_add(qp.msn, 1);
   send_atomic_ack(qp, psn, orig);

@@ -1,79 +1,204 @@
-// Our packets, as tshark's InfiniBand dissector sees them: each built packet
-// is dissected as the intended opcode, PSN and destination QP.
+// Our packets, as tshark's InfiniBand dissector sees them: one packet of
+// each RC opcode (and UD SEND), built with build_headers(), padded, with a
+// valid ICRC (IP ID 0, DF), in Ethernet/IPv4/UDP to port 4791. tshark must
+// dissect each as the opcode and header values we meant, and flag nothing
+// as malformed. Exit 77 (skipped) when tshark is not installed.
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../common/pcap.h"
+#include "tshark_rows.h"
 #include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
 
 using namespace usrc;
 using wire::Opcode;
 
+namespace {
+
+struct Case {
+  Opcode op;
+  size_t payload_len;
+  uint8_t syndrome = wire::aeth_ack();   // for opcodes with an AETH
+  const char *what = "";
+};
+
+int failures = 0;
+
+void expect(bool ok, size_t i, const char *what, const std::string &field, const std::string &got) {
+  if (ok) return;
+  fprintf(stderr, "packet %zu (%s): %s is '%s'\n", i + 1, what, field.c_str(), got.c_str());
+  failures++;
+}
+
+}  // namespace
+
 int main() {
   if (system("command -v tshark >/dev/null 2>&1") != 0) {
-    printf("tshark not installed: skipped\n");
+    printf("tshark not installed: skipped (install the tshark package to run this test)\n");
     return 77;
   }
-  const Opcode ops[] = {
-      Opcode::RC_SEND_FIRST, Opcode::RC_SEND_MIDDLE, Opcode::RC_SEND_LAST,
-      Opcode::RC_SEND_LAST_IMM, Opcode::RC_SEND_ONLY, Opcode::RC_SEND_ONLY_IMM,
-      Opcode::RC_WRITE_FIRST, Opcode::RC_WRITE_ONLY, Opcode::RC_WRITE_ONLY_IMM,
-      Opcode::RC_READ_REQUEST, Opcode::RC_READ_RESPONSE_FIRST, Opcode::RC_READ_RESPONSE_ONLY,
-      Opcode::RC_ACKNOWLEDGE, Opcode::RC_COMPARE_SWAP, Opcode::RC_FETCH_ADD,
-      Opcode::RC_ATOMIC_ACKNOWLEDGE};
+  const Case cases[] = {
+      {Opcode::RC_SEND_FIRST, 1024},
+      {Opcode::RC_SEND_MIDDLE, 1024},
+      {Opcode::RC_SEND_LAST, 1021},   // pad 3
+      {Opcode::RC_SEND_ONLY, 64},
+      {Opcode::RC_SEND_LAST_IMM, 2},
+      {Opcode::RC_SEND_ONLY_IMM, 5},
+      {Opcode::RC_SEND_ONLY_INV, 64},
+      {Opcode::RC_WRITE_FIRST, 1024},
+      {Opcode::RC_WRITE_MIDDLE, 1024},
+      {Opcode::RC_WRITE_LAST, 1023},
+      {Opcode::RC_WRITE_ONLY, 3000 % 1024},
+      {Opcode::RC_WRITE_ONLY_IMM, 0},
+      {Opcode::RC_READ_REQUEST, 0},
+      {Opcode::RC_READ_RESPONSE_FIRST, 1024},
+      {Opcode::RC_READ_RESPONSE_MIDDLE, 1024},
+      {Opcode::RC_READ_RESPONSE_LAST, 1},
+      {Opcode::RC_READ_RESPONSE_ONLY, 64},
+      {Opcode::RC_ACKNOWLEDGE, 0, wire::aeth_ack(), "ACK"},
+      {Opcode::RC_ACKNOWLEDGE, 0, wire::aeth_nak(wire::NAK_PSN_SEQ), "NAK PSN sequence error"},
+      {Opcode::RC_ACKNOWLEDGE, 0, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), "NAK remote access"},
+      {Opcode::RC_ACKNOWLEDGE, 0, wire::aeth_rnr_nak(14), "RNR NAK"},
+      {Opcode::RC_COMPARE_SWAP, 0},
+      {Opcode::RC_FETCH_ADD, 0},
+      {Opcode::RC_ATOMIC_ACKNOWLEDGE, 0},
+      {Opcode::UD_SEND_ONLY, 100},
+  };
+  constexpr size_t n = sizeof cases / sizeof cases[0];
+  const uint32_t ip_a = 0x0a000001, ip_b = 0x0a000002;   // 10.0.0.1, 10.0.0.2
+  std::vector<wire::Headers> sent;
   std::vector<test::UdpFrame> frames;
-  uint32_t psn = 0xfffffa;
-  for (Opcode op : ops) {
+  for (size_t i = 0; i < n; i++) {
+    const Case &c = cases[i];
+    const wire::OpcodeInfo *info = wire::opcode_info(uint8_t(c.op));
     wire::Headers h;
-    h.bth.opcode = uint8_t(op);
-    h.bth.psn = psn;
-    h.bth.dest_qp = 0x1005;
-    h.bth.ack_req = true;
-    h.aeth = {op == Opcode::RC_ACKNOWLEDGE ? wire::aeth_nak(wire::NAK_PSN_SEQ) : wire::aeth_ack(), 7};
-    std::vector<uint8_t> payload;
-    if (wire::opcode_info(h.bth.opcode)->mask & wire::HAS_PAYLOAD) payload.assign(1024, 0xab);
+    h.bth.opcode = uint8_t(c.op);
+    h.bth.psn = (0xfffff0 + uint32_t(i)) & 0xffffff;   // through the 24-bit rollover
+    h.bth.dest_qp = 0x1005 + uint32_t(i);
+    h.bth.ack_req = (info->mask & wire::IS_REQUEST) && (info->mask & wire::IS_LAST);
+    h.bth.se = c.op == Opcode::RC_SEND_ONLY_IMM;
+    h.reth = {0x00007f0012345000 + i, 0x1234 + uint32_t(i), 4096 + uint32_t(i)};
+    h.aeth = {c.syndrome, 0x100 + uint32_t(i)};
+    h.atomic = {0x00007f0000000008 + i * 8, 0xabcd, 0x1111111122222222 + i, 0x3333333344444444};
+    h.atomic_ack = 0x5555555566666666;
+    h.imm_be = htonl(0xdead0000 + uint32_t(i));
+    h.ieth = 0xbeef00 + uint32_t(i);
+    h.deth = {0x11111111, 0x42};
     std::vector<uint8_t> pkt(wire::kMaxHdrLen);
-    pkt.resize(wire::build_headers(h, payload.size(), pkt.data()));
-    pkt.insert(pkt.end(), payload.begin(), payload.end());
+    pkt.resize(wire::build_headers(h, c.payload_len, pkt.data()));
+    for (size_t k = 0; k < c.payload_len; k++) pkt.push_back(uint8_t(k));
+    pkt.insert(pkt.end(), wire::pad_for(c.payload_len), 0);
+    // Requests go a -> b, responses b -> a; always to the RoCE v2 port.
+    const bool req = info->mask & wire::IS_REQUEST;
+    const wire::Ipv4Pseudo ip{req ? ip_a : ip_b, req ? ip_b : ip_a, 49152, wire::kRoceV2Port};
     iovec iov{pkt.data(), pkt.size()};
-    uint32_t crc = wire::icrc_ipv4({0x7f000001, 0x7f000001, 20001, wire::kRoceV2Port}, &iov, 1);
-    pkt.resize(pkt.size() + 4);
-    wire::store_icrc(pkt.data() + pkt.size() - 4, crc);
-    frames.push_back({0x7f000001, 0x7f000001, 20001, wire::kRoceV2Port, 0, true, pkt});
-    psn = (psn + 1) & 0xffffff;
-  }
-  char path[] = "/tmp/usrc-tshark-XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) return 1;
-  test::write_pcap(path, frames);
-  std::string cmd = std::string("tshark -r ") + path +
-                    " -T fields -E separator=, -e infiniband.bth.opcode -e infiniband.bth.psn"
-                    " -e infiniband.bth.destqp 2>/dev/null";
-  FILE *p = popen(cmd.c_str(), "r");
-  char line[256];
-  size_t i = 0;
-  int bad = 0;
-  while (p && fgets(line, sizeof line, p)) {
-    unsigned op = 0, ps = 0, qp = 0;
-    if (i >= frames.size() || sscanf(line, "%u,%u,%x", &op, &ps, &qp) != 3 ||
-        op != unsigned(ops[i]) || ps != ((0xfffffau + i) & 0xffffff) || qp != 0x1005) {
-      fprintf(stderr, "packet %zu: tshark says '%s', wanted opcode %u\n", i, line, unsigned(ops[i]));
-      bad++;
+    const uint32_t crc = wire::icrc_ipv4(ip, &iov, 1);
+    pkt.resize(pkt.size() + wire::kIcrcLen);
+    wire::store_icrc(pkt.data() + pkt.size() - wire::kIcrcLen, crc);
+    // Our own parser agrees before tshark is asked.
+    wire::Parsed p;
+    if (wire::parse(pkt.data(), pkt.size(), p) != wire::ParseError::ok ||
+        wire::check_icrc_ipv4(ip, pkt.data(), pkt.size()) != wire::ParseError::ok) {
+      fprintf(stderr, "packet %zu: our own parser rejects it\n", i + 1);
+      return 1;
     }
-    i++;
+    sent.push_back(h);
+    frames.push_back({ip.src_ip, ip.dst_ip, ip.src_port, ip.dst_port, ip.ip_id,
+                      ip.dont_fragment, pkt, 0, 20});
   }
-  if (p) pclose(p);
+
+  char path[] = "/tmp/usrc-wire-tshark-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return 1;
+  close(fd);
+  test::write_pcap(path, frames);
+  const std::string cmd =
+      std::string("tshark -n -r ") + path +
+      " -T fields -E header=y -E separator=, -E occurrence=f"
+      " -e frame.number -e _ws.malformed -e _ws.expert.severity -e udp.dstport"
+      " -e infiniband.bth.opcode -e infiniband.bth.psn -e infiniband.bth.destqp"
+      " -e infiniband.bth.a -e infiniband.bth.se -e infiniband.bth.padcnt -e infiniband.bth.p_key"
+      " -e infiniband.reth.va -e infiniband.reth.r_key -e infiniband.reth.dmalen"
+      " -e infiniband.aeth.syndrome -e infiniband.aeth.msn"
+      " -e infiniband.atomiceth.swapdt -e infiniband.atomiceth.cmpdt"
+      " -e infiniband.atomicacketh.origremdt -e infiniband.immdt -e infiniband.ieth"
+      " -e infiniband.deth.q_key -e infiniband.deth.srcqp -e infiniband.invariant.crc"
+      " 2>/dev/null";
+  bool ran = false;
+  const std::string out = test::run_capture(cmd, ran);
   unlink(path);
-  if (i != frames.size()) {
-    fprintf(stderr, "tshark dissected %zu of %zu packets\n", i, frames.size());
+  std::istringstream in(out);
+  const auto rows = test::read_tshark_rows(in);
+  if (!ran || rows.size() != n) {
+    fprintf(stderr, "tshark dissected %zu of %zu packets:\n%s\n", rows.size(), n, out.c_str());
     return 1;
   }
-  if (bad) return 1;
-  printf("tshark dissected all %zu packets as intended\n", i);
+
+  using test::tshark_bytes, test::tshark_flag, test::tshark_num;
+  for (size_t i = 0; i < n; i++) {
+    const Case &c = cases[i];
+    const wire::Headers &h = sent[i];
+    const uint32_t m = wire::opcode_info(h.bth.opcode)->mask;
+    const char *what = *c.what ? c.what : wire::opcode_info(h.bth.opcode)->name;
+    const auto &r = rows[i];
+    auto f = [&](const char *name) { return r.at(name); };
+    auto want = [&](const char *name, uint64_t v) { expect(tshark_num(f(name)) == v, i, what, name, f(name)); };
+    auto want_absent = [&](const char *name) { expect(f(name).empty(), i, what, name, f(name)); };
+
+    expect(f("_ws.malformed").empty() && f("_ws.expert.severity").empty(), i, what,
+           "malformed/expert info", f("_ws.malformed") + f("_ws.expert.severity"));
+    want("udp.dstport", wire::kRoceV2Port);
+    want("infiniband.bth.opcode", h.bth.opcode);
+    want("infiniband.bth.psn", h.bth.psn);
+    want("infiniband.bth.destqp", h.bth.dest_qp);
+    expect(tshark_flag(f("infiniband.bth.a")) == h.bth.ack_req, i, what, "ack_req", f("infiniband.bth.a"));
+    expect(tshark_flag(f("infiniband.bth.se")) == h.bth.se, i, what, "se", f("infiniband.bth.se"));
+    want("infiniband.bth.padcnt", wire::pad_for(c.payload_len));
+    want("infiniband.bth.p_key", 0xffff);
+    if (m & wire::HAS_RETH) {
+      want("infiniband.reth.va", h.reth.va);
+      want("infiniband.reth.r_key", h.reth.rkey);
+      want("infiniband.reth.dmalen", h.reth.dma_len);
+    } else if (m & wire::HAS_ATOMICETH) {   // tshark shows its VA and R_Key as RETH fields
+      want("infiniband.reth.va", h.atomic.va);
+      want("infiniband.reth.r_key", h.atomic.rkey);
+      want("infiniband.atomiceth.swapdt", h.atomic.swap_add);
+      want("infiniband.atomiceth.cmpdt", h.atomic.compare);
+    } else {
+      want_absent("infiniband.reth.va");
+    }
+    if (m & wire::HAS_AETH) {
+      want("infiniband.aeth.syndrome", h.aeth.syndrome);
+      want("infiniband.aeth.msn", h.aeth.msn);
+    } else {
+      want_absent("infiniband.aeth.syndrome");
+    }
+    if (m & wire::HAS_ATOMICACKETH) want("infiniband.atomicacketh.origremdt", h.atomic_ack);
+    if (m & wire::HAS_IMMDT)
+      expect(tshark_bytes(f("infiniband.immdt")) == ntohl(h.imm_be), i, what, "immdt", f("infiniband.immdt"));
+    else
+      want_absent("infiniband.immdt");
+    if (m & wire::HAS_IETH)
+      expect(tshark_bytes(f("infiniband.ieth")) == h.ieth, i, what, "ieth", f("infiniband.ieth"));
+    if (m & wire::HAS_DETH) {
+      want("infiniband.deth.q_key", h.deth.qkey);
+      want("infiniband.deth.srcqp", h.deth.src_qp);
+    }
+    // tshark prints the ICRC bytes as a big-endian number; we store it little-endian.
+    const uint8_t *ic = frames[i].payload.data() + frames[i].payload.size() - wire::kIcrcLen;
+    want("infiniband.invariant.crc", test::be32(ic));
+  }
+  if (failures) {
+    fprintf(stderr, "%d mismatches\n%s", failures, out.c_str());
+    return 1;
+  }
+  printf("tshark dissected all %zu packets as intended\n", n);
   return 0;
 }

@@ -3,6 +3,10 @@
 // TTL, header checksum) set to ones, the UDP header with its checksum set
 // to ones, then the BTH with its resv8a byte set to ones and the rest of
 // the packet up to the ICRC. Appended little-endian.
+//
+// The IP identification, DF flag and total length are covered: a sender
+// that wants to compute the ICRC before the kernel builds the IP header
+// must send with IP ID 0 (an unconnected UDP socket with DF set does).
 #pragma once
 
 #include <sys/uio.h>
@@ -10,8 +14,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "usrc/wire/packet.h"
+
 namespace usrc::wire {
 
+// The IPv4 and UDP header fields the ICRC covers. The IPv4 header is the
+// option-less 20 bytes, fragment offset 0; lengths come from the packet.
 struct Ipv4Pseudo {
   uint32_t src_ip, dst_ip;      // host byte order
   uint16_t src_port, dst_port;
@@ -19,7 +27,9 @@ struct Ipv4Pseudo {
   bool dont_fragment = true;
 };
 
-// iov: the UDP payload without the ICRC; iov[0] holds at least the BTH.
+// iov: the UDP payload without the ICRC, possibly gathered from several
+// buffers (the BTH may even straddle them). Returns the ICRC; store it with
+// store_icrc(). Copies only the 12-byte BTH, never the payload.
 uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt);
 
 inline void store_icrc(uint8_t *dst, uint32_t icrc) {
@@ -28,5 +38,9 @@ inline void store_icrc(uint8_t *dst, uint32_t icrc) {
   dst[2] = uint8_t(icrc >> 16);
   dst[3] = uint8_t(icrc >> 24);
 }
+
+// buf/len: a whole UDP payload, ICRC included. ok if its trailing ICRC is
+// right for `ip`, too_short if there is no BTH and ICRC, else bad_icrc.
+ParseError check_icrc_ipv4(const Ipv4Pseudo &ip, const uint8_t *buf, size_t len);
 
 }  // namespace usrc::wire

@@ -15,7 +15,7 @@ constexpr uint8_t hdr_len(uint32_t m) {
 }
 
 constexpr uint32_t kReq = IS_REQUEST, kResp = IS_RESPONSE, kPay = HAS_PAYLOAD;
-constexpr uint32_t kF = IS_FIRST, kM = IS_MIDDLE, kL = IS_LAST, kO = IS_FIRST | IS_LAST;
+constexpr uint32_t kF = IS_FIRST, kM = IS_MIDDLE, kL = IS_LAST, kO = IS_FIRST | IS_LAST | IS_ONLY;
 
 struct Row { uint8_t op; const char *name; uint32_t mask; };
 
@@ -67,6 +67,20 @@ constexpr std::array<OpcodeInfo, 256> make_table() {
 }
 constexpr std::array<OpcodeInfo, 256> kTable = make_table();
 
+// Every row is well formed: one direction, one position in its message.
+constexpr bool rows_ok() {
+  for (const Row &r : kRows) {
+    const uint32_t dir = r.mask & (IS_REQUEST | IS_RESPONSE);
+    const uint32_t pos = r.mask & (IS_FIRST | IS_MIDDLE | IS_LAST | IS_ONLY);
+    if (dir != IS_REQUEST && dir != IS_RESPONSE) return false;
+    if (pos != kF && pos != kM && pos != kL && pos != kO) return false;
+    if (hdr_len(r.mask) > kMaxHdrLen) return false;
+  }
+  return true;
+}
+static_assert(rows_ok());
+static_assert(sizeof kRows / sizeof kRows[0] == 23 + 12 + 2, "RC, UC, UD opcodes");
+
 // Big-endian field access.
 inline uint16_t get16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }
 inline uint32_t get24(const uint8_t *p) { return uint32_t(p[0]) << 16 | uint32_t(p[1]) << 8 | p[2]; }
@@ -89,8 +103,8 @@ const char *to_string(ParseError e) {
     case ParseError::too_short: return "too short";
     case ParseError::bad_opcode: return "unknown opcode";
     case ParseError::bad_tver: return "unsupported transport header version";
-    case ParseError::bad_pad: return "pad count without payload";
-    case ParseError::bad_length: return "payload length not allowed for the opcode";
+    case ParseError::bad_pad: return "pad count not allowed (larger than the payload, or on a packet without one or not ending a message)";
+    case ParseError::bad_length: return "payload length not allowed (not 4-byte aligned with its pad, or on an opcode without payload)";
     case ParseError::bad_icrc: return "bad ICRC";
   }
   return "?";
@@ -215,6 +229,9 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   } else {
     if (body < h.bth.pad_cnt) return ParseError::bad_pad;
     if ((body & 3) != 0) return ParseError::bad_length;   // payload + pad is 4-byte aligned
+    // FIRST and MIDDLE packets carry exactly one PMTU (IBA ch. 9, packet
+    // sequencing), a multiple of 4, so only a packet ending its message pads.
+    if (h.bth.pad_cnt && !(m & IS_LAST)) return ParseError::bad_pad;
   }
   out.info = info;
   out.payload = p;

@@ -33,19 +33,24 @@ enum class Opcode : uint8_t {
 enum HdrMask : uint32_t {
   HAS_RETH = 1u << 0, HAS_AETH = 1u << 1, HAS_ATOMICETH = 1u << 2, HAS_ATOMICACKETH = 1u << 3,
   HAS_IMMDT = 1u << 4, HAS_IETH = 1u << 5, HAS_DETH = 1u << 6, HAS_PAYLOAD = 1u << 7,
-  IS_REQUEST = 1u << 8,    // handled by the responder
+  IS_REQUEST = 1u << 8,    // requester to responder: SEND, WRITE, READ request, atomics
   IS_RESPONSE = 1u << 9,   // READ response, ACK, ATOMIC ACK: handled by the completer
-  IS_FIRST = 1u << 10,     // starts a message (FIRST and ONLY)
+  // Position in a message. An ONLY packet both starts and ends its message,
+  // so it carries IS_FIRST | IS_LAST | IS_ONLY: test IS_FIRST for "starts a
+  // message", IS_LAST for "ends one", IS_ONLY for "is the whole message".
+  // Single-packet opcodes (READ request, ACK, atomics) are ONLY packets.
+  IS_FIRST = 1u << 10,
   IS_MIDDLE = 1u << 11,
-  IS_LAST = 1u << 12,      // ends a message (LAST and ONLY)
+  IS_LAST = 1u << 12,
+  IS_ONLY = 1u << 18,
   IS_SEND = 1u << 13, IS_WRITE = 1u << 14, IS_READ = 1u << 15, IS_ATOMIC = 1u << 16,
-  CONSUMES_RWQE = 1u << 17,
+  CONSUMES_RWQE = 1u << 17,   // the responder takes a receive WQE (SEND, WRITE with immediate)
 };
 
 struct OpcodeInfo {
-  const char *name;
-  uint32_t mask;
-  uint8_t hdr_len;   // BTH + extended headers
+  const char *name;  // as IBA table 38 names it, e.g. "RC_RDMA_WRITE_FIRST"
+  uint32_t mask;     // HdrMask bits
+  uint8_t hdr_len;   // BTH + extended headers; the payload starts here
 };
 const OpcodeInfo *opcode_info(uint8_t opcode);   // nullptr if not a valid opcode
 
@@ -64,14 +69,17 @@ struct Aeth { uint8_t syndrome = 0; uint32_t msn = 0; };
 struct AtomicEth { uint64_t va = 0; uint32_t rkey = 0; uint64_t swap_add = 0, compare = 0; };
 struct Deth { uint32_t qkey = 0; uint32_t src_qp = 0; };
 
-// AETH syndrome (IBA 9.7.5.1, table 44).
-enum class AckType { ack, rnr_nak, reserved, nak };
+// AETH syndrome (IBA 9.7.5.1, table 44): bit 7 reserved, bits 6:5 say what
+// the packet is, bits 4:0 carry a value: 00 ACK (value: credit count; 0x1f
+// means the end-to-end credits are not used), 01 RNR NAK (value: RNR timer
+// code), 11 NAK (value: NakCode), 10 reserved.
+enum class AckType { ack, rnr_nak, nak, reserved };
 enum NakCode : uint8_t {
   NAK_PSN_SEQ = 0, NAK_INVALID_REQUEST = 1, NAK_REMOTE_ACCESS = 2, NAK_REMOTE_OP = 3,
   NAK_INVALID_RD = 4,
 };
 constexpr AckType aeth_type(uint8_t syndrome) {
-  switch (syndrome >> 5) {
+  switch (syndrome >> 5) {   // bit 7 set (reserved): not a valid syndrome either
     case 0: return AckType::ack;
     case 1: return AckType::rnr_nak;
     case 3: return AckType::nak;
@@ -79,6 +87,7 @@ constexpr AckType aeth_type(uint8_t syndrome) {
   }
 }
 constexpr uint8_t aeth_value(uint8_t syndrome) { return syndrome & 0x1f; }
+// We send 0x1f, the "invalid" credit count: we do not use end-to-end credits.
 constexpr uint8_t aeth_ack(uint8_t credits = 0x1f) { return credits & 0x1f; }
 constexpr uint8_t aeth_rnr_nak(uint8_t timer) { return 0x20 | (timer & 0x1f); }
 constexpr uint8_t aeth_nak(uint8_t code) { return 0x60 | (code & 0x1f); }
@@ -96,7 +105,17 @@ struct Headers {
   Deth deth;
 };
 
-enum class ParseError { ok, too_short, bad_opcode, bad_tver, bad_pad, bad_length, bad_icrc };
+enum class ParseError {
+  ok,
+  too_short,    // shorter than BTH + the opcode's extended headers + ICRC
+  bad_opcode,   // not in the opcode table
+  bad_tver,     // BTH TVer other than 0, the only version (IBA 9.2)
+  bad_pad,      // pad count larger than what follows the headers, pad on a
+                // packet without payload, or on a FIRST/MIDDLE packet
+  bad_length,   // payload + pad not a multiple of 4, or payload on an
+                // opcode that carries none
+  bad_icrc,     // only from check_icrc_ipv4() (icrc.h)
+};
 const char *to_string(ParseError e);
 
 struct Parsed {
@@ -111,7 +130,9 @@ constexpr uint8_t pad_for(size_t payload_len) {
   return static_cast<uint8_t>((4 - (payload_len & 3)) & 3);
 }
 
-// buf/len: the whole UDP payload, ICRC included.
+// buf/len: the whole UDP payload, ICRC included. Reads only buf[0, len);
+// does not check the ICRC (that needs the IP header: see icrc.h). On error
+// `out` holds nothing useful.
 ParseError parse(const uint8_t *buf, size_t len, Parsed &out);
 // Writes the BTH and the extended headers of h.bth.opcode into out (at least
 // kMaxHdrLen bytes); pad_cnt comes from payload_len. Returns the header

@@ -1,7 +1,11 @@
 #!/bin/bash
 # Runs the stock perftest RC tests over usrc on loopback and prints a table:
 # each test with its default options, -a (all sizes), -q 4, -b
-# (bidirectional) and -e (events) where the test has them.
+# (bidirectional) and -e (events) where the test has them, and with each
+# post-send path: --use_old_post_send, and "wr:" runs on perftest's ibv_wr_*
+# path. perftest takes that path only for device ids in its own table, so
+# "wr:" runs report a ConnectX-5 part id (USRC_VENDOR_PART_ID=4119); that
+# changes what perftest does, nothing in usrc.
 #
 #   perftest-configs/matrix.sh [DEVICE] [subset]
 #
@@ -29,10 +33,14 @@ for t in $bw $lat; do
     runs+=("$t $opt")
     [[ $t == ib_atomic_* ]] && runs+=("$t -A CMP_AND_SWAP $opt")
   done
+  runs+=("$t --use_old_post_send" "wr: $t")
+  if [[ $t == ib_atomic_* ]]; then runs+=("wr: $t -A CMP_AND_SWAP"); else runs+=("wr: $t -a"); fi
 done
 if [ -n "$SUBSET" ]; then
   runs=("ib_send_bw" "ib_write_bw -q 4" "ib_read_bw -b" "ib_write_lat" "ib_send_lat -e"
-        "ib_atomic_bw" "ib_atomic_lat -A CMP_AND_SWAP" "ib_read_lat" "ib_send_bw -a")
+        "ib_atomic_bw" "ib_atomic_lat -A CMP_AND_SWAP" "ib_read_lat" "ib_send_bw -a"
+        "ib_write_bw --use_old_post_send" "wr: ib_write_bw -q 4" "wr: ib_read_bw"
+        "wr: ib_atomic_bw -A CMP_AND_SWAP" "wr: ib_send_lat")
 fi
 
 port=$((20000 + RANDOM % 10000))
@@ -41,11 +49,15 @@ printf '%-40s %-6s %s\n' "test" "result" "last line (size, BW MB/s or typical la
 for r in "${runs[@]}"; do
   port=$((port + 1))
   set -- $r
-  timeout "$TMO" "$USRC" exec -- "$@" -d "$DEV" -p $port >"$LOG/srv" 2>&1 &
+  env=()
+  if [ "$1" = "wr:" ]; then shift; env=(USRC_VENDOR_PART_ID=4119); fi
+  timeout "$TMO" env "${env[@]}" "$USRC" exec -- "$@" -d "$DEV" -p $port >"$LOG/srv" 2>&1 &
   spid=$!
   for i in $(seq 100); do ss -ltn | grep -q ":$port " && break; sleep 0.1; done
-  timeout "$TMO" "$USRC" exec -- "$@" -d "$DEV" -p $port 127.0.0.1 >"$LOG/cli" 2>&1
+  timeout "$TMO" env "${env[@]}" "$USRC" exec -- "$@" -d "$DEV" -p $port 127.0.0.1 >"$LOG/cli" 2>&1
   crc=$?
+  # A "wr:" run must really have used the ibv_wr_* path.
+  if [ ${#env[@]} != 0 ] && ! grep -q 'ibv_wr\* API *: ON' "$LOG/cli"; then crc=99; fi
   wait $spid; src=$?
   res=PASS
   if [ $crc -ne 0 ] || [ $src -ne 0 ]; then res=FAIL; fails=$((fails + 1)); fi

@@ -1,7 +1,9 @@
 // Completion queues, polling and completion events.
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <ctime>
 #include <new>
 
 #include "usrc/common/log.h"
@@ -28,6 +30,36 @@ void Cq::Events::notify(rc::Cq &) {
     log().warn("completion event lost: {}", strerror(errno));
 }
 
+// An application that polls the CQ empty after a completion event fired
+// consumed the completion that fired it: the event still unread in the
+// channel would wake it to an empty CQ (a strict event loop, such as
+// ibv_rc_pingpong -t -e, fails on that). Take such an event back and
+// restore the arm, so the next completion fires again.
+static void withdraw_event(Cq *cq) {
+  // Wait (briefly: the pusher is between its push and its send) until
+  // every event counted in seq is in the channel or already read.
+  const uint32_t seq = cq->ring.fire_seq();
+  for (int i = 0; !cq->ring.sent(seq); i++) {
+    if (i == 1000) return;   // try again at the next poll
+    sched_yield();
+  }
+  if (cq->chan_rfd >= 0) {
+    const uint64_t mine = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
+    uint64_t others[64];
+    size_t n = 0;
+    bool found = false;
+    uint64_t h;
+    while (n < 63 && recv(cq->chan_rfd, &h, sizeof h, MSG_DONTWAIT) == sizeof h) {
+      if (h == mine) found = true;
+      else others[n++] = h;
+    }
+    // A completion that came meanwhile keeps its event.
+    if (found && !cq->ring.rearm_if_empty()) others[n++] = mine;
+    for (size_t i = 0; i < n; i++) send(cq->chan_wfd, &others[i], sizeof others[i], MSG_DONTWAIT);
+  }
+  cq->ring.handled(seq);
+}
+
 void Cq::Events::overflow(rc::Cq &) { cq->ctx->async_event(&cq->vcq.cq, IBV_EVENT_CQ_ERR); }
 
 ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector) {
@@ -46,6 +78,7 @@ ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int co
     return nullptr;
   }
   cq->chan_wfd = wfd;
+  cq->chan_rfd = channel ? channel->fd : -1;
   cq->vcq.cq.cqe = cqe;
   return &cq->vcq.cq;
 }
@@ -102,6 +135,7 @@ int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
     cq->ctx->try_progress();
     n = drain(cq, ne, wc);
   }
+  if (cq->ring.fired() && cq->ring.empty()) withdraw_event(cq);
   return n;
 }
 
@@ -111,5 +145,116 @@ int req_notify_cq(ibv_cq *ibcq, int solicited_only) {
 }
 
 void cq_event(ibv_cq *) {}
+
+// ---------------------------------------------------- extended CQ (cq_ex)
+
+namespace {
+
+Cq *to_cq(ibv_cq_ex *c) { return reinterpret_cast<Cq *>(c); }
+
+// next_poll only reads the ring. Progress in the caller's thread happens in
+// start_poll on an empty ring: a completion made by progress inside a poll
+// that then consumes it would leave its completion event without a
+// completion (strict event loops, e.g. ibv_rc_pingpong -t -e, treat that as
+// an error).
+bool take(ibv_cq_ex *x) {
+  Cq *cq = to_cq(x);
+  bool got = cq->ring.poll(&cq->cur, 1) != 0;
+  if (cq->ring.fired() && cq->ring.empty()) withdraw_event(cq);
+  if (!got) return false;
+  x->wr_id = cq->cur.wr_id;
+  x->status = static_cast<ibv_wc_status>(cq->cur.status);
+  return true;
+}
+
+int next_poll(ibv_cq_ex *x) { return take(x) ? 0 : ENOENT; }
+
+// start_poll takes the CQ's poll lock; end_poll releases it; a start_poll
+// that finds nothing releases it itself (man ibv_create_cq_ex).
+int start_poll(ibv_cq_ex *x, ibv_poll_cq_attr *attr) {
+  if (attr && attr->comp_mask) return EINVAL;
+  Cq *cq = to_cq(x);
+  cq->poll_mu.lock();
+  if (take(x)) return 0;
+  cq->ctx->try_progress();
+  if (take(x)) return 0;
+  cq->poll_mu.unlock();
+  return ENOENT;
+}
+
+void end_poll(ibv_cq_ex *x) { to_cq(x)->poll_mu.unlock(); }
+
+const rc::Completion &cur(ibv_cq_ex *x) { return to_cq(x)->cur; }
+ibv_wc_opcode read_opcode(ibv_cq_ex *x) { return static_cast<ibv_wc_opcode>(cur(x).opcode); }
+uint32_t read_vendor_err(ibv_cq_ex *) { return 0; }
+uint32_t read_byte_len(ibv_cq_ex *x) { return cur(x).byte_len; }
+__be32 read_imm_data(ibv_cq_ex *x) { return cur(x).imm_be; }
+uint32_t read_qp_num(ibv_cq_ex *x) { return cur(x).qp_num; }
+uint32_t read_src_qp(ibv_cq_ex *x) { return cur(x).src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex *x) { return cur(x).with_imm ? IBV_WC_WITH_IMM : 0; }
+uint32_t read_slid(ibv_cq_ex *x) { return cur(x).slid; }
+uint8_t read_sl(ibv_cq_ex *) { return 0; }
+uint8_t read_dlid_path_bits(ibv_cq_ex *) { return 0; }
+uint64_t read_completion_ts(ibv_cq_ex *x) { return cur(x).timestamp_ns; }
+
+uint64_t ns_of(clockid_t id) {
+  timespec t;
+  clock_gettime(id, &t);
+  return uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec);
+}
+
+uint64_t read_completion_wallclock_ns(ibv_cq_ex *x) {
+  // The timestamp is on the monotonic clock: shift it to the real-time one.
+  return cur(x).timestamp_ns + (ns_of(CLOCK_REALTIME) - ns_of(CLOCK_MONOTONIC));
+}
+
+constexpr uint64_t kWcFlags =
+    IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+    IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS |
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+
+}  // namespace
+
+ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *a) {
+  // Flow tags, VLANs, tag matching and parent domains are not implemented.
+  if ((a->wc_flags & ~kWcFlags) || (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS)) ||
+      ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+       (a->flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (a->cqe > INT32_MAX) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_cq *c = create_cq(ibctx, static_cast<int>(a->cqe), a->channel, static_cast<int>(a->comp_vector));
+  if (!c) return nullptr;
+  // libibverbs fills context, channel (and its reference), cq_context and
+  // the event counters after this returns, as for ibv_create_cq.
+  ibv_cq_ex &x = to_cq(c)->vcq.cq_ex;
+  x.start_poll = start_poll;
+  x.next_poll = next_poll;
+  x.end_poll = end_poll;
+  x.read_opcode = read_opcode;
+  x.read_vendor_err = read_vendor_err;
+  x.read_byte_len = read_byte_len;
+  x.read_imm_data = read_imm_data;
+  x.read_qp_num = read_qp_num;
+  x.read_src_qp = read_src_qp;
+  x.read_wc_flags = read_wc_flags;
+  x.read_slid = read_slid;
+  x.read_sl = read_sl;
+  x.read_dlid_path_bits = read_dlid_path_bits;
+  x.read_completion_ts = read_completion_ts;
+  x.read_completion_wallclock_ns = read_completion_wallclock_ns;
+  return &x;
+}
+
+// The clock of the completion timestamps (ibv_query_rt_values_ex).
+int query_rt_values(ibv_context *, ibv_values_ex *v) {
+  if (v->comp_mask & ~uint32_t(IBV_VALUES_MASK_RAW_CLOCK)) return EOPNOTSUPP;
+  if (v->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) clock_gettime(CLOCK_MONOTONIC, &v->raw_clock);
+  return 0;
+}
 
 }  // namespace usrc

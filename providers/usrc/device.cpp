@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "usrc/common/log.h"
+#include "usrc/common/tunables.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -19,6 +20,7 @@ static const verbs_context_ops kOps = [] {
   o.async_event = async_event_op;
   o.cq_event = cq_event;
   o.create_cq = create_cq;
+  o.create_cq_ex = create_cq_ex;
   o.create_qp = create_qp;
   o.create_qp_ex = create_qp_ex;
   o.dealloc_pd = dealloc_pd;
@@ -31,6 +33,7 @@ static const verbs_context_ops kOps = [] {
   o.post_send = post_send;
   o.query_device_ex = query_device_ex;
   o.query_port = query_port;
+  o.query_rt_values = query_rt_values;
   o.query_qp = query_qp;
   o.reg_mr = reg_mr;
   o.req_notify_cq = req_notify_cq;
@@ -159,7 +162,8 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.max_mr_size = UINT64_MAX;
   o.page_size_cap = 4096;
   o.vendor_id = 0;             // no IEEE OUI
-  o.vendor_part_id = 0x5553;   // not in perftest's table: the plain post_send path
+  // Not in perftest's device table: perftest then uses ibv_post_send.
+  o.vendor_part_id = Tunables::get().vendor_part_id;
   o.hw_ver = 1;
   o.max_qp = static_cast<int>(kQpsPerSlot);
   o.max_qp_wr = rc::kMaxWr;
@@ -181,6 +185,11 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.max_pkeys = 1;
   o.local_ca_ack_delay = 0;
   o.phys_port_cnt = 1;
+  // Completion timestamps are nanoseconds of CLOCK_MONOTONIC: a 1 GHz
+  // "core clock" (hca_core_clock is in kHz) that never wraps.
+  a.completion_timestamp_mask = UINT64_MAX;
+  a.hca_core_clock = 1000000;
+  a.phys_port_cnt_ex = 1;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
   // ibv_query_device passes the legacy struct, placed at orig_attr, with
   // attr_size = sizeof(ibv_device_attr): then nothing else may be written.

@@ -74,10 +74,14 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
 }
 
 ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
-  // Only the plain attributes: the extended send API (IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
-  // and the other extensions are not implemented yet.
-  if (ia->comp_mask & ~IBV_QP_INIT_ATTR_PD) {
+  // The plain attributes and the extended send API; the other extensions
+  // (create flags, XRC, RSS, TSO, ...) are not implemented.
+  if (ia->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
     errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (!(ia->comp_mask & IBV_QP_INIT_ATTR_PD) || !ia->pd) {
+    errno = EINVAL;
     return nullptr;
   }
   ibv_qp_init_attr a{};
@@ -89,7 +93,15 @@ ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
   a.qp_type = ia->qp_type;
   a.sq_sig_all = ia->sq_sig_all;
   ibv_qp *q = create_qp(ia->pd, &a);
-  if (q) ia->cap = a.cap;
+  if (!q) return nullptr;
+  ia->cap = a.cap;
+  if (ia->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+    if (int e = init_qp_ex(to_qp(q), ia->send_ops_flags)) {
+      destroy_qp(q);
+      errno = e;
+      return nullptr;
+    }
+  }
   return q;
 }
 
@@ -249,10 +261,20 @@ static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge
 
 int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Qp *qp = to_qp(ibqp);
+  int err;
+  {
+    std::lock_guard g(qp->ctx->engine().mu);
+    err = post_send_locked(qp, wr, bad);
+  }
+  qp->ctx->kick();
+  return err;
+}
+
+int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Context &c = *qp->ctx;
+  ibv_qp *ibqp = &qp->vqp.qp;
   int err = 0;
   {
-    std::lock_guard g(c.engine().mu);
     for (; wr; wr = wr->next) {
       rc::SendWr w;
       switch (wr->opcode) {
@@ -300,7 +322,6 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
       if ((err = c.engine().post_send(*qp->t, w))) break;
     }
   }
-  c.kick();
   if (err && bad) *bad = wr;
   return err;
 }

@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "usrc/device.h"
 #include "usrc/rc/engine.h"
@@ -41,6 +43,7 @@ struct Cq {
   verbs_cq vcq;                // first: ibv_cq* converts to Cq*
   Context *ctx;
   int chan_wfd = -1;           // completion channel, writer end
+  int chan_rfd = -1;           // and the channel's own fd (the reader end)
   std::atomic<uint32_t> qps{0};
   struct Events final : rc::Cq::Hooks {
     Cq *cq;
@@ -49,15 +52,29 @@ struct Cq {
     void overflow(rc::Cq &) override;
   } events{this};
   rc::Cq ring;
+  // Extended polling (ibv_start_poll ... ibv_end_poll): the completion the
+  // ibv_wc_read_* accessors read, guarded from start to end of a poll.
+  std::mutex poll_mu;
+  rc::Completion cur{};
   Cq(Context *c, uint32_t depth) : ctx(c), ring(depth, &events) {}
 };
 
 struct Qp {
-  verbs_qp vqp;
+  verbs_qp vqp;                // first: ibv_qp* and ibv_qp_ex* convert to Qp*
   Context *ctx;
   rc::Qp *t;                   // transport state, owned by the engine
   ibv_qp_attr attr{};          // every attribute as last set, for query_qp
   ibv_qp_init_attr init{};
+  // The extended send API (ibv_wr_*, qp_ex.cpp): work requests built
+  // between ibv_wr_start and ibv_wr_complete, posted all or none.
+  struct PendingWr {
+    ibv_send_wr wr;
+    ibv_sge sge[rc::kMaxSge];
+    uint8_t inl[rc::kMaxInline];
+  };
+  std::vector<PendingWr> batch;   // grows to the largest batch, then reused
+  size_t nbatch = 0;
+  int batch_err = 0;              // the first builder error, reported by wr_complete
 };
 
 // Everything of one ibv_context that is not libibverbs' own: the engine, its
@@ -119,6 +136,7 @@ inline VerbsContext *to_vctx(ibv_context *c) {
 inline Context &impl(ibv_context *c) { return *to_vctx(c)->impl; }
 inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
 inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
+inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
 uint64_t now_ns();
@@ -136,6 +154,8 @@ int poll_cq(ibv_cq *, int, ibv_wc *);
 int req_notify_cq(ibv_cq *, int);
 void cq_event(ibv_cq *);
 int resize_cq(ibv_cq *, int);
+ibv_cq_ex *create_cq_ex(ibv_context *, ibv_cq_init_attr_ex *);
+int query_rt_values(ibv_context *, ibv_values_ex *);
 ibv_qp *create_qp(ibv_pd *, ibv_qp_init_attr *);
 ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *);
 int modify_qp(ibv_qp *, ibv_qp_attr *, int);
@@ -143,6 +163,10 @@ int query_qp(ibv_qp *, ibv_qp_attr *, int, ibv_qp_init_attr *);
 int destroy_qp(ibv_qp *);
 int post_send(ibv_qp *, ibv_send_wr *, ibv_send_wr **);
 int post_recv(ibv_qp *, ibv_recv_wr *, ibv_recv_wr **);
+// Posts a list with the engine lock held (post_send and ibv_wr_complete).
+int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+// qp_ex.cpp: the ibv_wr_* builders of a QP created with send_ops_flags.
+int init_qp_ex(Qp *qp, uint64_t send_ops_flags);
 void async_event_op(ibv_context *, ibv_async_event *);
 
 // channel.cpp: completion channels of usrc contexts.

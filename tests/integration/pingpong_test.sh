@@ -36,12 +36,11 @@ wait
 grep -q "Failed to modify QP to RTR" /tmp/usrc-out.nogrh.srv /tmp/usrc-out.nogrh ||
   { cat /tmp/usrc-out.nogrh.srv /tmp/usrc-out.nogrh; fail "roce without GRH: expected RTR failure"; }
 
-# -N (the extended send API) is not implemented: a clean failure, no hang.
-port=$(pick_port)
-timeout 20 "$USRC" exec -- ibv_rc_pingpong -d pp_ib -N -p $port >/tmp/usrc-out.n 2>&1
-rc=$?
-[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "-N must fail cleanly (rc $rc)"
-grep -q "Couldn't create QP" /tmp/usrc-out.n || { cat /tmp/usrc-out.n; fail "-N message"; }
+run_pair "ib -N (ibv_wr_* API)" "" "" 127.0.0.1 60 -- $P -N
+run_pair "ib -t (timestamps)" "" "" 127.0.0.1 60 -- $P -t
+run_pair "ib -t -e -N"        "" "" 127.0.0.1 60 -- $P -t -e -N -n 3000
+run_pair "ib -l 3 (SL)"       "" "" 127.0.0.1 60 -- $P -l 3
+run_pair "roce -t -N"         "" "" 127.0.0.1 60 -- $R -t -N
 
 "$USRC" stats pp_ib
 echo "PASS"

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -656,4 +657,128 @@ TEST_CASE("two processes FETCH_AND_ADD one word", "[verbs]") {
   CHECK(word == (1u << 20) + uint64_t(kProcs) * kAdds);
   qps.clear();
   ibv_dereg_mr(m);
+}
+
+// The extended send API: ibv_wr_* builders, posted all or none.
+TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
+  Dev d;
+  Qp b(d);
+  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_qp_init_attr_ex ia{};
+  ia.qp_type = IBV_QPT_RC;
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap = {16, 16, 4, 4, 64};
+  ia.pd = d.pd;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  // An operation usrc does not do is refused at creation.
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW;
+  errno = 0;
+  CHECK(ibv_create_qp_ex(d.ctx, &ia) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                      IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+                      IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
+  ibv_qp *qp = ibv_create_qp_ex(d.ctx, &ia);
+  REQUIRE(qp);
+  ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
+  REQUIRE(x);
+  CHECK(ibv_qp_to_qp_ex(b.qp) == nullptr);   // a plain QP has no builders
+  Params pa, pb;
+  pa.access = pb.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  pb.rq_psn = pa.sq_psn;
+  pa.rq_psn = pb.sq_psn;
+  REQUIRE(to_init(qp, pa.access) == 0);
+  REQUIRE(to_rtr(d, qp, b.qp->qp_num, pa) == 0);
+  REQUIRE(to_rts(qp, pa) == 0);
+  connect(d, b, qp->qp_num, pb);
+
+  std::vector<uint8_t> src(3000), dst(3000, 0), rbuf(3000, 0), rd(3000, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 3 + 1);
+  alignas(8) uint64_t word = 7, old[2] = {0, 0};
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_mr *mr = ibv_reg_mr(d.pd, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mrd = ibv_reg_mr(d.pd, rd.data(), rd.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mw = ibv_reg_mr(d.pd, &word, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  ibv_mr *mo = ibv_reg_mr(d.pd, old, sizeof old, IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge rs{uintptr_t(rbuf.data()), uint32_t(rbuf.size()), mr->lkey};
+  REQUIRE(post_recv(b.qp, 9, &rs, 1) == 0);
+
+  // A batch that is aborted posts nothing.
+  ibv_wr_start(x);
+  x->wr_id = 66;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(x);
+  ibv_wr_set_sge(x, ms->lkey, uintptr_t(src.data()), 100);
+  ibv_wr_abort(x);
+  CHECK(poll(cq, 1, 0.3).empty());
+
+  // One batch: WRITE (inline list), SEND with immediate (SGE list), READ,
+  // FETCH_AND_ADD, CMP_AND_SWP.
+  ibv_wr_start(x);
+  x->wr_flags = IBV_SEND_SIGNALED;
+  x->wr_id = 1;
+  ibv_wr_rdma_write(x, md->rkey, uintptr_t(dst.data()));
+  ibv_data_buf bufs[2] = {{src.data(), 100}, {src.data() + 100, 100}};
+  ibv_wr_set_inline_data_list(x, 2, bufs);
+  x->wr_id = 2;
+  ibv_wr_send_imm(x, htonl(0xabcd));
+  ibv_sge two[2] = {{uintptr_t(src.data()), 1000, ms->lkey}, {uintptr_t(src.data()) + 1000, 2000, ms->lkey}};
+  ibv_wr_set_sge_list(x, 2, two);
+  x->wr_id = 3;
+  ibv_wr_rdma_read(x, md->rkey, uintptr_t(dst.data()));
+  ibv_wr_set_sge(x, mrd->lkey, uintptr_t(rd.data()), 200);
+  x->wr_id = 4;
+  ibv_wr_atomic_fetch_add(x, mw->rkey, uintptr_t(&word), 5);
+  ibv_wr_set_sge(x, mo->lkey, uintptr_t(&old[0]), 8);
+  x->wr_id = 5;
+  x->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+  ibv_wr_atomic_cmp_swp(x, mw->rkey, uintptr_t(&word), 12, 99);
+  ibv_wr_set_sge(x, mo->lkey, uintptr_t(&old[1]), 8);
+  REQUIRE(ibv_wr_complete(x) == 0);
+  auto wc = poll(cq, 5);
+  REQUIRE(wc.size() == 5);
+  std::vector<uint64_t> sends;
+  for (auto &w : wc) {
+    CHECK(w.status == IBV_WC_SUCCESS);
+    sends.push_back(w.wr_id);
+  }
+  auto rw = poll(b.cq, 1);
+  REQUIRE(rw.size() == 1);
+  CHECK(rw[0].status == IBV_WC_SUCCESS);
+  CHECK(rw[0].wr_id == 9);
+  CHECK(rw[0].byte_len == 3000);
+  CHECK((rw[0].wc_flags & IBV_WC_WITH_IMM));
+  CHECK(ntohl(rw[0].imm_data) == 0xabcd);
+  CHECK(sends == std::vector<uint64_t>{1, 2, 3, 4, 5});
+  CHECK(std::memcmp(dst.data(), src.data(), 200) == 0);
+  CHECK(rbuf == src);
+  CHECK(std::memcmp(rd.data(), src.data(), 200) == 0);
+  CHECK(old[0] == 7);
+  CHECK(old[1] == 12);
+  CHECK(word == 99);
+
+  // Errors surface at ibv_wr_complete, and nothing of the batch is posted.
+  ibv_wr_start(x);
+  ibv_wr_set_sge(x, ms->lkey, uintptr_t(src.data()), 1);   // no work request yet
+  CHECK(ibv_wr_complete(x) == EINVAL);
+  ibv_wr_start(x);
+  x->wr_id = 7;
+  ibv_wr_rdma_write(x, md->rkey, uintptr_t(dst.data()));
+  std::vector<uint8_t> big(4096);
+  ibv_wr_set_inline_data(x, big.data(), big.size());   // above max_inline_data
+  CHECK(ibv_wr_complete(x) == EINVAL);
+  ibv_wr_start(x);
+  for (int i = 0; i < 17; i++) {   // more than the send queue holds
+    ibv_wr_rdma_write(x, md->rkey, uintptr_t(dst.data()));
+    ibv_wr_set_sge(x, ms->lkey, uintptr_t(src.data()), 1);
+  }
+  CHECK(ibv_wr_complete(x) == ENOMEM);
+  CHECK(poll(cq, 1, 0.3).empty());
+
+  for (ibv_mr *m : {ms, md, mr, mrd, mw, mo}) ibv_dereg_mr(m);
+  CHECK(ibv_destroy_qp(qp) == 0);
+  CHECK(ibv_destroy_cq(cq) == 0);
 }

@@ -17,13 +17,18 @@ bool Cq::push(const Completion &c) {
       // A solicited-only arm fires on a solicited or an error completion.
       if (arm_ == Arm::next || (arm_ == Arm::solicited &&
                                 (c.solicited || c.status != WcStatus::success))) {
+        last_fired_ = arm_;
         arm_ = Arm::none;
+        fire_seq_.fetch_add(1, std::memory_order_release);
         fire = true;
       }
     }
   }
   if (over && hooks_) hooks_->overflow(*this);
-  if (fire && hooks_) hooks_->notify(*this);
+  if (fire) {
+    if (hooks_) hooks_->notify(*this);
+    sent_seq_.fetch_add(1, std::memory_order_release);
+  }
   return stored;
 }
 
@@ -47,6 +52,13 @@ void Cq::arm(bool solicited_only) {
   // Arming "next" is never weakened to "solicited" by a later call.
   if (!solicited_only) arm_ = Arm::next;
   else if (arm_ == Arm::none) arm_ = Arm::solicited;
+}
+
+bool Cq::rearm_if_empty() {
+  std::lock_guard g(mu_);
+  if (head_ != tail_) return false;
+  if (last_fired_ == Arm::next || arm_ == Arm::none) arm_ = last_fired_;
+  return true;
 }
 
 void Cq::resize(uint32_t depth) {

@@ -4,6 +4,7 @@
 // notification": the next completion (or the next solicited one) fires once.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -29,6 +30,19 @@ class Cq {
   size_t poll(Completion *out, size_t max);
   bool empty() const;
   void arm(bool solicited_only);
+  // Completion events fired (counted with the completion that fired them),
+  // sent (counted once the event is out), and dealt with by a poller that
+  // found the ring empty: see rearm_if_empty.
+  uint32_t fire_seq() const { return fire_seq_.load(std::memory_order_acquire); }
+  bool sent(uint32_t seq) const {
+    return int32_t(sent_seq_.load(std::memory_order_acquire) - seq) >= 0;
+  }
+  bool fired() const { return fire_seq() != handled_seq_.load(std::memory_order_relaxed); }
+  void handled(uint32_t seq) { handled_seq_.store(seq, std::memory_order_relaxed); }
+  // A poller found the ring empty and took an unread event of this CQ back
+  // from the channel: restore the arm that fired, if the ring is still
+  // empty. False means new completions came: the event must stand.
+  bool rearm_if_empty();
   void resize(uint32_t depth);  // fails silently if current entries do not fit
 
  private:
@@ -36,6 +50,8 @@ class Cq {
   std::vector<Completion> ring_;
   size_t head_ = 0, tail_ = 0;
   Arm arm_ = Arm::none;
+  Arm last_fired_ = Arm::none;
+  std::atomic<uint32_t> fire_seq_{0}, sent_seq_{0}, handled_seq_{0};
   bool overflowed_ = false;
   Hooks *hooks_;
 };

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Installs what usrc needs to build and test, from Debian 12 packages.
 set -euo pipefail
-PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest catch2 libspdlog-dev
+PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catch2 libspdlog-dev
       libcli11-dev zlib1g-dev tshark nftables iproute2 python3"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then

@@ -237,8 +237,7 @@ uint8_t *Context::resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t l
                           uint32_t access) {
   Mr *mr = find_mr(rkey);
   if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
-  if (va < mr->iova || len > mr->length || va - mr->iova > mr->length - len) return nullptr;
-  return mr->addr + (va - mr->iova);
+  return mr->map(va, len);
 }
 
 }  // namespace usrc

@@ -16,6 +16,7 @@ namespace usrc {
 
 static const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
+  o.alloc_dm = alloc_dm;
   o.alloc_pd = alloc_pd;
   o.async_event = async_event_op;
   o.cq_event = cq_event;
@@ -27,6 +28,7 @@ static const verbs_context_ops kOps = [] {
   o.dereg_mr = dereg_mr;
   o.destroy_cq = destroy_cq;
   o.destroy_qp = destroy_qp;
+  o.free_dm = free_dm;
   o.modify_qp = modify_qp;
   o.poll_cq = poll_cq;
   o.post_recv = post_recv;
@@ -35,6 +37,7 @@ static const verbs_context_ops kOps = [] {
   o.query_port = query_port;
   o.query_rt_values = query_rt_values;
   o.query_qp = query_qp;
+  o.reg_dm_mr = reg_dm_mr;
   o.reg_mr = reg_mr;
   o.req_notify_cq = req_notify_cq;
   o.resize_cq = resize_cq;
@@ -190,6 +193,12 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   a.completion_timestamp_mask = UINT64_MAX;
   a.hca_core_clock = 1000000;
   a.phys_port_cnt_ex = 1;
+  // Nothing is pinned: on-demand paging is the natural mode (pd_mr.cpp).
+  a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                              IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+                                              IBV_ODP_SUPPORT_ATOMIC;
+  a.max_dm_size = kMaxDmSize;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
   // ibv_query_device passes the legacy struct, placed at orig_attr, with
   // attr_size = sizeof(ibv_device_attr): then nothing else may be written.

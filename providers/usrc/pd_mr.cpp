@@ -1,5 +1,10 @@
 // Protection domains and memory regions.
+#include <sys/mman.h>
+
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "usrc/usrc.h"
@@ -20,26 +25,28 @@ int dealloc_pd(ibv_pd *ibpd) {
 }
 
 constexpr int kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                          IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                          IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                          IBV_ACCESS_ON_DEMAND;
 
-ibv_mr *reg_mr(ibv_pd *ibpd, void *addr, size_t length, uint64_t iova, int access) {
-  // Unsupported flags (on-demand paging, memory windows, ...) are refused,
-  // not ignored.
-  if (access & ~kMrAccess) {
-    errno = EOPNOTSUPP;
-    return nullptr;
+uint8_t *Mr::map(uint64_t va, uint64_t len) const {
+  if (va < iova || len > length || va - iova > length - len) return nullptr;
+  uint8_t *p = addr + (va - iova);
+  if (odp && len) {
+    // The range must be mapped now (msync fails with ENOMEM on any hole):
+    // memory unmapped while registered gives an access error, not a crash.
+    // The check is made when an operation starts.
+    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+    if (msync(reinterpret_cast<void *>(start), reinterpret_cast<uintptr_t>(p) + len - start,
+              MS_ASYNC) != 0)
+      return nullptr;
   }
+  return p;
+}
+
+static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova, int access) {
   // IBA C10-...: remote write or atomic access requires local write.
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE)) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (!addr && length) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (iova + length < iova) {
     errno = EINVAL;
     return nullptr;
   }
@@ -50,10 +57,11 @@ ibv_mr *reg_mr(ibv_pd *ibpd, void *addr, size_t length, uint64_t iova, int acces
   }
   Pd *pd = to_pd(ibpd);
   mr->pd = pd;
-  mr->addr = static_cast<uint8_t *>(addr);
+  mr->addr = addr;
   mr->iova = iova;
   mr->length = length;
   mr->access = static_cast<uint32_t>(access);
+  mr->odp = access & IBV_ACCESS_ON_DEMAND;
   mr->vmr.mr_type = IBV_MR_TYPE_MR;
   mr->vmr.access = access;
   Context &c = impl(ibpd->context);
@@ -67,6 +75,94 @@ ibv_mr *reg_mr(ibv_pd *ibpd, void *addr, size_t length, uint64_t iova, int acces
   return &mr->vmr.ibmr;
 }
 
+ibv_mr *reg_mr(ibv_pd *ibpd, void *addr, size_t length, uint64_t iova, int access) {
+  // Unsupported flags (memory windows, relaxed ordering, ...) are refused,
+  // not ignored.
+  if (access & ~kMrAccess) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  // Implicit ODP (ibv_reg_mr(pd, NULL, SIZE_MAX, ON_DEMAND)): the whole
+  // address space, iova = address.
+  const bool implicit = !addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND);
+  if ((!addr && length && !implicit) || (!implicit && iova + length < iova)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (implicit) iova = 0;
+  return add_mr(ibpd, static_cast<uint8_t *>(addr), length, iova, access);
+}
+
+ibv_dm *alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr) {
+  if (attr->comp_mask) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (attr->length == 0 || attr->length > kMaxDmSize || attr->log_align_req > 12) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto *dm = new (std::nothrow) Dm{};
+  void *mem = nullptr;
+  if (!dm || posix_memalign(&mem, 4096, attr->length) != 0) {
+    delete dm;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  std::memset(mem, 0, attr->length);
+  dm->mem = static_cast<uint8_t *>(mem);
+  dm->length = attr->length;
+  dm->dm.context = ibctx;
+  dm->dm.memcpy_to_dm = [](ibv_dm *d, uint64_t off, const void *src, size_t len) {
+    Dm *m = reinterpret_cast<Dm *>(d);
+    if (off > m->length || len > m->length - off) return EINVAL;
+    std::memcpy(m->mem + off, src, len);
+    return 0;
+  };
+  dm->dm.memcpy_from_dm = [](void *dst, ibv_dm *d, uint64_t off, size_t len) {
+    Dm *m = reinterpret_cast<Dm *>(d);
+    if (off > m->length || len > m->length - off) return EINVAL;
+    std::memcpy(dst, m->mem + off, len);
+    return 0;
+  };
+  return &dm->dm;
+}
+
+int free_dm(ibv_dm *d) {
+  Dm *dm = reinterpret_cast<Dm *>(d);
+  if (dm->mrs.load()) return EBUSY;
+  free(dm->mem);
+  delete dm;
+  return 0;
+}
+
+// Device memory MRs are zero based (man ibv_reg_dm_mr): iova 0 is offset.
+ibv_mr *reg_dm_mr(ibv_pd *ibpd, ibv_dm *d, uint64_t offset, size_t length, unsigned int access) {
+  Dm *dm = reinterpret_cast<Dm *>(d);
+  if (!(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((access & ~IBV_ACCESS_ZERO_BASED) & ~kMrAccess) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (offset > dm->length || length > dm->length - offset) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_mr *mr = add_mr(ibpd, dm->mem + offset, length, 0, int(access & ~IBV_ACCESS_ZERO_BASED));
+  if (mr) {
+    to_mr(mr)->dm = dm;
+    dm->mrs++;
+    mr->context = ibpd->context;
+    mr->pd = ibpd;
+    mr->addr = nullptr;
+    mr->length = length;
+  }
+  return mr;
+}
+
 int dereg_mr(verbs_mr *vmr) {
   Mr *mr = reinterpret_cast<Mr *>(vmr);
   Context &c = impl(vmr->ibmr.context);
@@ -77,6 +173,7 @@ int dereg_mr(verbs_mr *vmr) {
     c.remove_mr(vmr->ibmr.lkey);
   }
   mr->pd->users--;
+  if (mr->dm) mr->dm->mrs--;
   delete mr;
   return 0;
 }

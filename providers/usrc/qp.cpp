@@ -251,10 +251,8 @@ static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge
     Mr *mr = c.find_mr(in[i].lkey);
     if (!mr || mr->pd != pd) return false;
     if (write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
-    if (in[i].addr < mr->iova || in[i].length > mr->length ||
-        in[i].addr - mr->iova > mr->length - in[i].length)
-      return false;
-    out[i].addr = mr->addr + (in[i].addr - mr->iova);
+    out[i].addr = mr->map(in[i].addr, in[i].length);
+    if (!out[i].addr) return false;
   }
   return true;
 }

@@ -35,7 +35,23 @@ struct Mr {
   uint64_t iova;
   uint64_t length;
   uint32_t access;
+  struct Dm *dm;               // the device memory it maps, if any
+  bool odp;                    // IBV_ACCESS_ON_DEMAND: nothing is pinned or
+                               // assumed mapped; each access checks first
+  // The host address of [va, va+len) if the MR covers it (and, for ODP,
+  // it is mapped now); nullptr otherwise.
+  uint8_t *map(uint64_t va, uint64_t len) const;
 };
+
+// Device memory (ibv_alloc_dm): memory of the provider, reached only
+// through ibv_memcpy_to/from_dm and MRs made with ibv_reg_dm_mr.
+struct Dm {
+  ibv_dm dm;
+  uint8_t *mem;
+  size_t length;
+  std::atomic<uint32_t> mrs{0};
+};
+constexpr size_t kMaxDmSize = 1 << 20;
 
 class Context;
 
@@ -148,6 +164,9 @@ ibv_pd *alloc_pd(ibv_context *);
 int dealloc_pd(ibv_pd *);
 ibv_mr *reg_mr(ibv_pd *, void *, size_t, uint64_t, int);
 int dereg_mr(verbs_mr *);
+ibv_dm *alloc_dm(ibv_context *, ibv_alloc_dm_attr *);
+int free_dm(ibv_dm *);
+ibv_mr *reg_dm_mr(ibv_pd *, ibv_dm *, uint64_t offset, size_t length, unsigned int access);
 ibv_cq *create_cq(ibv_context *, int, ibv_comp_channel *, int);
 int destroy_cq(ibv_cq *);
 int poll_cq(ibv_cq *, int, ibv_wc *);

@@ -40,6 +40,9 @@ run_pair "ib -N (ibv_wr_* API)" "" "" 127.0.0.1 60 -- $P -N
 run_pair "ib -t (timestamps)" "" "" 127.0.0.1 60 -- $P -t
 run_pair "ib -t -e -N"        "" "" 127.0.0.1 60 -- $P -t -e -N -n 3000
 run_pair "ib -l 3 (SL)"       "" "" 127.0.0.1 60 -- $P -l 3
+run_pair "ib -o (ODP)"        "" "" 127.0.0.1 60 -- $P -o -c
+run_pair "ib -O (implicit ODP)" "" "" 127.0.0.1 60 -- $P -O -c -s 65536 -n 200
+run_pair "ib -j (device memory)" "" "" 127.0.0.1 60 -- $P -j -c
 run_pair "roce -t -N"         "" "" 127.0.0.1 60 -- $R -t -N
 
 "$USRC" stats pp_ib

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -781,4 +782,97 @@ TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
   for (ibv_mr *m : {ms, md, mr, mrd, mw, mo}) ibv_dereg_mr(m);
   CHECK(ibv_destroy_qp(qp) == 0);
   CHECK(ibv_destroy_cq(cq) == 0);
+}
+
+// On-demand paging: nothing pinned; memory unmapped while registered gives
+// an access error, never a crash. Implicit ODP covers the address space.
+TEST_CASE("ODP: implicit MR, and memory unmapped while registered", "[verbs]") {
+  Dev d;
+  ibv_device_attr_ex ax{};
+  REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &ax) == 0);
+  REQUIRE((ax.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT));
+  Qp a(d), b(d);
+  Params p;
+  p.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  p.retry = 1;
+  connect_pair(d, a, b, p, p);
+  const int odp = IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                  IBV_ACCESS_REMOTE_READ;
+  ibv_mr *all = ibv_reg_mr(d.pd, nullptr, SIZE_MAX, odp);
+  REQUIRE(all);
+  const size_t len = 64 * 1024;
+  auto *region = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(region != MAP_FAILED);
+  ibv_mr *mr = ibv_reg_mr(d.pd, region, len, odp);
+  REQUIRE(mr);
+  // Through the implicit MR: a WRITE from a stack buffer into the region.
+  std::vector<uint8_t> src(5000);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i ^ 0x5a);
+  ibv_sge s{uintptr_t(src.data()), uint32_t(src.size()), all->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(region), mr->rkey) == 0);
+  auto wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(region, src.data(), src.size()) == 0);
+  // The region goes away while registered: a WRITE into it is refused by
+  // the responder (REM_ACCESS_ERR), and the process lives on.
+  REQUIRE(munmap(region, len) == 0);
+  REQUIRE(post_send(a.qp, 2, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(region), mr->rkey) == 0);
+  wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_REM_ACCESS_ERR);
+  // Sending from it locally: a local protection error.
+  Qp c(d), e(d);
+  connect_pair(d, c, e, p, p);
+  ibv_sge gone{uintptr_t(region), 100, mr->lkey};
+  REQUIRE(post_send(c.qp, 3, IBV_WR_SEND, &gone, 1, IBV_SEND_SIGNALED) == 0);
+  wc = poll(c.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_LOC_PROT_ERR);
+  CHECK(ibv_dereg_mr(mr) == 0);
+  CHECK(ibv_dereg_mr(all) == 0);
+}
+
+// Device memory: memory of the provider, zero-based MRs over it.
+TEST_CASE("device memory: alloc, copy, zero-based MR, READ from it", "[verbs]") {
+  Dev d;
+  ibv_device_attr_ex ax{};
+  REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &ax) == 0);
+  REQUIRE(ax.max_dm_size > 0);
+  ibv_alloc_dm_attr da{};
+  da.length = ax.max_dm_size + 1;
+  errno = 0;
+  CHECK(ibv_alloc_dm(d.ctx, &da) == nullptr);
+  CHECK(errno == EINVAL);
+  da.length = 8192;
+  ibv_dm *dm = ibv_alloc_dm(d.ctx, &da);
+  REQUIRE(dm);
+  std::vector<uint8_t> pattern(8192), back(8192, 0);
+  for (size_t i = 0; i < pattern.size(); i++) pattern[i] = uint8_t(i * 11);
+  CHECK(ibv_memcpy_to_dm(dm, 0, pattern.data(), pattern.size()) == 0);
+  CHECK(ibv_memcpy_to_dm(dm, 8000, pattern.data(), 200) != 0);   // out of range
+  CHECK(ibv_memcpy_from_dm(back.data(), dm, 0, back.size()) == 0);
+  CHECK(back == pattern);
+  const unsigned acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+  CHECK(ibv_reg_dm_mr(d.pd, dm, 0, 4096, acc) == nullptr);   // must be zero based
+  ibv_mr *dmr = ibv_reg_dm_mr(d.pd, dm, 4096, 4096, acc | IBV_ACCESS_ZERO_BASED);
+  REQUIRE(dmr);
+  CHECK(ibv_free_dm(dm) == EBUSY);   // an MR still maps it
+  Qp a(d), b(d);
+  Params p;
+  p.access = IBV_ACCESS_REMOTE_READ;
+  connect_pair(d, a, b, p, p);
+  std::vector<uint8_t> local(4096, 0);
+  ibv_mr *ml = ibv_reg_mr(d.pd, local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge s{uintptr_t(local.data()), 4096, ml->lkey};
+  // Address 0 of the zero-based MR is offset 4096 of the device memory.
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_READ, &s, 1, IBV_SEND_SIGNALED, 0, dmr->rkey) == 0);
+  auto wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(local.data(), pattern.data() + 4096, 4096) == 0);
+  CHECK(ibv_dereg_mr(ml) == 0);
+  CHECK(ibv_dereg_mr(dmr) == 0);
+  CHECK(ibv_free_dm(dm) == 0);
 }

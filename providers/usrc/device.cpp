@@ -199,6 +199,10 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
                                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
                                               IBV_ODP_SUPPORT_ATOMIC;
   a.max_dm_size = kMaxDmSize;
+  // Packet pacing (IBV_QP_RATE_LIMIT) of RC QPs.
+  a.packet_pacing_caps.qp_rate_limit_min = kMinRateLimitKbps;
+  a.packet_pacing_caps.qp_rate_limit_max = kMaxRateLimitKbps;
+  a.packet_pacing_caps.supported_qpts = 1 << IBV_QPT_RC;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
   // ibv_query_device passes the legacy struct, placed at orig_attr, with
   // attr_size = sizeof(ibv_device_attr): then nothing else may be written.

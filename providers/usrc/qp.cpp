@@ -182,6 +182,15 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > rc::kMaxRdAtomic) return EINVAL;
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > rc::kMaxRdAtomic)
     return EINVAL;
+  if (mask & IBV_QP_AV) {
+    const ibv_ah_attr &ah = attr->ah_attr;
+    if (ah.sl > 15 || (ah.static_rate && ibv_rate_to_mbps(ibv_rate(ah.static_rate)) <= 0) ||
+        (ah.is_global && ah.grh.flow_label > 0xfffff))
+      return EINVAL;
+  }
+  if ((mask & IBV_QP_RATE_LIMIT) && attr->rate_limit &&
+      (attr->rate_limit < kMinRateLimitKbps || attr->rate_limit > kMaxRateLimitKbps))
+    return EINVAL;
   net::Endpoint peer = t.peer;
   if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
     const ibv_ah_attr &ah = (mask & IBV_QP_AV) ? attr->ah_attr : qp->attr.ah_attr;
@@ -196,7 +205,23 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if (mask & IBV_QP_ACCESS_FLAGS) t.access = s.qp_access_flags = attr->qp_access_flags;
   if (mask & IBV_QP_AV) {
     s.ah_attr = attr->ah_attr;
-    t.dlid = attr->ah_attr.dlid;
+    const ibv_ah_attr &ah = attr->ah_attr;
+    t.dlid = ah.dlid;
+    // The path on the wire: with a GRH, its traffic class is the IP TOS
+    // byte, its hop limit the TTL, its flow label the UDP source port (RoCE
+    // v2); without one, the SL is the DSCP.
+    t.tos = ah.is_global ? ah.grh.traffic_class : uint8_t(ah.sl << 2);
+    t.ttl = ah.is_global ? ah.grh.hop_limit : 0;
+    t.sport = ah.is_global && ah.grh.flow_label ? uint16_t(0xc000 | (ah.grh.flow_label & 0x3fff)) : 0;
+  }
+  if (mask & IBV_QP_RATE_LIMIT) s.rate_limit = attr->rate_limit;
+  if (mask & (IBV_QP_AV | IBV_QP_RATE_LIMIT)) {
+    // Pacing: the lower of the static rate and the rate limit.
+    uint64_t bps = 0;
+    if (s.ah_attr.static_rate)
+      bps = uint64_t(ibv_rate_to_mbps(ibv_rate(s.ah_attr.static_rate))) * 1000000;
+    if (s.rate_limit && (!bps || uint64_t(s.rate_limit) * 1000 < bps)) bps = uint64_t(s.rate_limit) * 1000;
+    t.rate_bps = bps;
   }
   if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & 0xffffff;
   t.peer = peer;

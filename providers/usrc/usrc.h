@@ -18,6 +18,9 @@
 
 namespace usrc {
 
+// IBV_QP_RATE_LIMIT range, kbit/s (packet_pacing_caps).
+constexpr uint32_t kMinRateLimitKbps = 1000, kMaxRateLimitKbps = 100000000;
+
 struct Device {
   verbs_device vdev;           // must be first: libibverbs owns the prefix
   DeviceConfig *cfg;

@@ -876,3 +876,137 @@ TEST_CASE("device memory: alloc, copy, zero-based MR, READ from it", "[verbs]") 
   CHECK(ibv_dereg_mr(dmr) == 0);
   CHECK(ibv_free_dm(dm) == 0);
 }
+
+namespace {
+// Connects a and b with a GRH (traffic class, hop limit, flow label) or,
+// without one, an SL; sends `n` SENDs of 3000 bytes from a to b.
+void path_traffic(Dev &d, bool grh, int n) {
+  Qp a(d), b(d);
+  Params p;
+  REQUIRE(to_init(a.qp, p.access) == 0);
+  REQUIRE(to_init(b.qp, p.access) == 0);
+  for (Qp *q : {&a, &b}) {
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_RTR;
+    at.path_mtu = IBV_MTU_1024;
+    at.dest_qp_num = (q == &a ? b : a).qp->qp_num;
+    at.min_rnr_timer = 12;
+    at.ah_attr.port_num = 1;
+    at.ah_attr.dlid = d.port.lid;
+    at.ah_attr.sl = 5;
+    if (grh || d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+      at.ah_attr.is_global = 1;
+      REQUIRE(ibv_query_gid(d.ctx, 1, d.port.link_layer == IBV_LINK_LAYER_ETHERNET ? 0 : 1,
+                            &at.ah_attr.grh.dgid) == 0);
+      at.ah_attr.grh.sgid_index = 0;
+      at.ah_attr.grh.traffic_class = 0x68;   // DSCP 26 (AF31)
+      at.ah_attr.grh.hop_limit = 7;
+      at.ah_attr.grh.flow_label = 0x12345;   // UDP source port 0xC000 | 0x2345
+    }
+    REQUIRE(ibv_modify_qp(q->qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                          IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                          IBV_QP_MIN_RNR_TIMER) == 0);
+    REQUIRE(to_rts(q->qp, p) == 0);
+  }
+  std::vector<uint8_t> buf(3000, 7), rbuf(3000 * n);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *rm = ibv_reg_mr(d.pd, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  for (int i = 0; i < n; i++) {
+    ibv_sge r{uintptr_t(rbuf.data()) + 3000 * i, 3000, rm->lkey};
+    REQUIRE(post_recv(b.qp, i, &r, 1) == 0);
+    ibv_sge s{uintptr_t(buf.data()), 3000, m->lkey};
+    REQUIRE(post_send(a.qp, i, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  }
+  auto wc = poll(a.cq, n);
+  REQUIRE(wc.size() == size_t(n));
+  for (auto &w : wc) CHECK(w.status == IBV_WC_SUCCESS);
+  CHECK(poll(b.cq, n).size() == size_t(n));
+  ibv_dereg_mr(m);
+  ibv_dereg_mr(rm);
+}
+}  // namespace
+
+// Hidden (run by qp_path_test.sh under a capture): the traffic whose IP and
+// UDP headers the script checks.
+TEST_CASE("QP path attributes on the wire", "[.path]") {
+  Dev d;
+  path_traffic(d, true, 5);
+  if (d.port.link_layer == IBV_LINK_LAYER_INFINIBAND) path_traffic(d, false, 5);
+}
+
+TEST_CASE("QP attributes: out-of-range values refused, pacing attributes reported", "[verbs]") {
+  Dev d;
+  Qp a(d);
+  REQUIRE(to_init(a.qp, 0) == 0);
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_RTR;
+  at.path_mtu = IBV_MTU_1024;
+  at.dest_qp_num = a.qp->qp_num;
+  at.min_rnr_timer = 12;
+  at.ah_attr.port_num = 1;
+  at.ah_attr.dlid = d.port.lid;
+  if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    at.ah_attr.is_global = 1;
+    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &at.ah_attr.grh.dgid) == 0);
+  }
+  const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  ibv_qp_attr bad = at;
+  bad.ah_attr.sl = 16;
+  CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
+  bad = at;
+  bad.ah_attr.static_rate = 99;
+  CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
+  bad = at;
+  bad.path_mtu = IBV_MTU_4096;
+  bad.path_mtu = ibv_mtu(int(d.port.active_mtu) + 1);   // above the port's MTU
+  CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
+  at.ah_attr.static_rate = IBV_RATE_5_GBPS;
+  REQUIRE(ibv_modify_qp(a.qp, &at, rtr) == 0);
+  Params p;
+  ibv_qp_attr rts{};
+  rts.qp_state = IBV_QPS_RTS;
+  rts.timeout = 14;
+  rts.retry_cnt = 7;
+  rts.rnr_retry = 7;
+  rts.rate_limit = 10;   // kbit/s: below the minimum
+  const int rts_mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_RATE_LIMIT;
+  CHECK(ibv_modify_qp(a.qp, &rts, rts_mask) == EINVAL);
+  rts.rate_limit = 200000;
+  REQUIRE(ibv_modify_qp(a.qp, &rts, rts_mask) == 0);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a.qp, &q, IBV_QP_AV | IBV_QP_RATE_LIMIT, &qi) == 0);
+  CHECK(q.ah_attr.static_rate == IBV_RATE_5_GBPS);
+  CHECK(q.rate_limit == 200000);
+  CHECK(q.qp_state == IBV_QPS_RTS);
+}
+
+// IBV_QP_RATE_LIMIT paces the QP: 4 MB at 200 Mbit/s take at least about
+// 0.17 s (a lower bound on time: a loaded machine only makes it slower).
+TEST_CASE("IBV_QP_RATE_LIMIT paces the requester", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  ibv_qp_attr rl{};
+  rl.rate_limit = 200000;   // kbit/s
+  REQUIRE(ibv_modify_qp(a.qp, &rl, IBV_QP_RATE_LIMIT) == 0);
+  std::vector<uint8_t> src(1 << 20, 3), dst(1 << 20);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  auto t0 = Clock::now();
+  for (int i = 0; i < 4; i++) {
+    ibv_sge s{uintptr_t(src.data()), uint32_t(src.size()), ms->lkey};
+    REQUIRE(post_send(a.qp, i, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()), md->rkey) == 0);
+  }
+  auto wc = poll(a.cq, 4, 20);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  REQUIRE(wc.size() == 4);
+  for (auto &w : wc) CHECK(w.status == IBV_WC_SUCCESS);
+  double mbps = 4.0 * 8 * (1 << 20) / secs / 1e6;
+  INFO("paced at " << mbps << " Mbit/s");
+  CHECK(mbps < 200 * 1.1);
+  ibv_dereg_mr(ms);
+  ibv_dereg_mr(md);
+}

@@ -23,6 +23,9 @@ struct TxPacket {
   Endpoint dst;
   const iovec *iov;    // the UDP payload, in pieces
   size_t iovcnt;
+  uint8_t tos = 0;     // IP TOS byte (DSCP and ECN)
+  uint8_t ttl = 0;     // IP TTL; 0: the system default
+  uint16_t src_port = 0;  // UDP source port; 0: local().port
 };
 
 struct RxPacket {

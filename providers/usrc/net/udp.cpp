@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 namespace usrc::net {
 
@@ -54,7 +55,7 @@ std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t
 
 UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch)
     : fd_(fd), local_(local), rx_buf_(rx_batch * kMaxDatagram), rx_msgs_(rx_batch),
-      rx_iov_(rx_batch), rx_addr_(rx_batch), tx_msgs_(64), tx_addr_(64) {
+      rx_iov_(rx_batch), rx_addr_(rx_batch), tx_msgs_(64), tx_addr_(64), tx_cmsg_(64) {
   for (uint32_t i = 0; i < rx_batch; i++) {
     rx_iov_[i] = {rx_buf_.data() + i * kMaxDatagram, kMaxDatagram};
     auto &h = rx_msgs_[i].msg_hdr;
@@ -64,23 +65,73 @@ UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch)
   }
 }
 
-UdpNic::~UdpNic() { ::close(fd_); }
+UdpNic::~UdpNic() {
+  for (auto &[port, fd] : src_fds_)
+    if (fd != fd_) ::close(fd);
+  ::close(fd_);
+}
+
+// A send-only socket bound to local ip:port for packets with their own UDP
+// source port (RoCE v2 flow-label entropy). SO_REUSEPORT lets processes
+// share one; -1 (the packet then leaves from the main socket) if the port
+// is taken otherwise.
+int UdpNic::source_fd(uint16_t port) {
+  if (port == 0 || port == local_.port) return fd_;
+  for (auto &[p, fd] : src_fds_)
+    if (p == port) return fd;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    int one = 1, pmtu = IP_PMTUDISC_DO, b = 1 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+    sockaddr_in a = to_sockaddr({local_.ip, port});
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) fd = fd_;
+  src_fds_.push_back({port, fd});
+  return fd;
+}
 
 size_t UdpNic::send(std::span<const TxPacket> pkts) {
   size_t done = 0, failed = 0;
   while (done < pkts.size()) {
-    size_t n = std::min(pkts.size() - done, tx_msgs_.size());
-    for (size_t i = 0; i < n; i++) {
-      const TxPacket &p = pkts[done + i];
-      tx_addr_[i] = to_sockaddr(p.dst);
-      auto &h = tx_msgs_[i].msg_hdr;
+    // One sendmmsg per run of packets that leave from the same socket.
+    const int fd = source_fd(pkts[done].src_port);
+    size_t n = 0;
+    while (n < tx_msgs_.size() && done + n < pkts.size() &&
+           (n == 0 || pkts[done + n].src_port == pkts[done].src_port)) {
+      const TxPacket &p = pkts[done + n];
+      tx_addr_[n] = to_sockaddr(p.dst);
+      auto &h = tx_msgs_[n].msg_hdr;
       h = {};
-      h.msg_name = &tx_addr_[i];
+      h.msg_name = &tx_addr_[n];
       h.msg_namelen = sizeof(sockaddr_in);
       h.msg_iov = const_cast<iovec *>(p.iov);
       h.msg_iovlen = p.iovcnt;
+      if (p.tos || p.ttl) {
+        // Per-packet TOS and TTL (IP_TOS / IP_TTL ancillary data).
+        h.msg_control = tx_cmsg_[n].buf;
+        h.msg_controllen = sizeof tx_cmsg_[n].buf;
+        cmsghdr *c = CMSG_FIRSTHDR(&h);
+        size_t used = 0;
+        for (auto [type, val] : {std::pair{IP_TOS, int(p.tos)}, std::pair{IP_TTL, int(p.ttl)}}) {
+          if (!val) continue;
+          c->cmsg_level = IPPROTO_IP;
+          c->cmsg_type = type;
+          c->cmsg_len = CMSG_LEN(sizeof(int));
+          std::memcpy(CMSG_DATA(c), &val, sizeof val);
+          used += CMSG_SPACE(sizeof(int));
+          c = CMSG_NXTHDR(&h, c);
+        }
+        h.msg_controllen = used;
+      }
+      n++;
     }
-    int r = ::sendmmsg(fd_, tx_msgs_.data(), n, 0);
+    int r = ::sendmmsg(fd, tx_msgs_.data(), n, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
       // An unreachable or refused peer must not stall the others: skip the

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "usrc/net/nic.h"
@@ -37,6 +38,12 @@ class UdpNic final : public Nic {
   std::vector<struct sockaddr_in> rx_addr_;
   std::vector<struct mmsghdr> tx_msgs_;
   std::vector<struct sockaddr_in> tx_addr_;
+  struct Cmsg {
+    alignas(cmsghdr) uint8_t buf[2 * CMSG_SPACE(sizeof(int))];
+  };
+  std::vector<Cmsg> tx_cmsg_;
+  std::vector<std::pair<uint16_t, int>> src_fds_;   // source port -> socket
+  int source_fd(uint16_t port);
 };
 
 }  // namespace usrc::net

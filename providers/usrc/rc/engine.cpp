@@ -251,7 +251,9 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     count(Counter::unknown_qp_drops);
     return;
   }
-  if (!(pkt.src == qp->peer)) {
+  // From the peer's address; the source port is the peer's own or, with a
+  // flow label, one of RoCE v2's entropy ports (0xC000 and up).
+  if (pkt.src.ip != qp->peer.ip || (pkt.src.port != qp->peer.port && pkt.src.port < 0xc000)) {
     count(Counter::wrong_source_drops);
     return;
   }
@@ -293,7 +295,9 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   std::memset(s.trailer, 0, 4);
   size_t n = 1 + pieces;
   if (pad) s.iov[n++] = {s.trailer, pad};
-  wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, nic_->local().port, qp.peer.port};
+  // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
+  const uint16_t sport = qp.sport ? qp.sport : nic_->local().port;
+  wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, sport, qp.peer.port};
   uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
   if (pad) {
     wire::store_icrc(s.trailer + pad, icrc);
@@ -302,7 +306,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     wire::store_icrc(s.trailer, icrc);
     s.iov[n++] = {s.trailer, wire::kIcrcLen};
   }
-  tx_pkts_[tx_count_] = {qp.peer, s.iov, n};
+  tx_pkts_[tx_count_] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport};
   tx_count_++;
   count(Counter::tx_packets);
   count(Counter::tx_bytes, hdr_len + payload_len + pad + wire::kIcrcLen);

@@ -50,6 +50,16 @@ struct Qp {
   uint32_t dest_qpn = 0;
   net::Endpoint peer;
   uint16_t dlid = 0;
+  // The path on the wire (design: "QP context on the wire"): IP TOS byte
+  // (from the traffic class, or the SL on InfiniBand link layer), IP TTL
+  // (hop limit; 0 = the system default), UDP source port (from the flow
+  // label; 0 = the context's own port).
+  uint8_t tos = 0, ttl = 0;
+  uint16_t sport = 0;
+  // Packet pacing (static rate / IBV_QP_RATE_LIMIT): bits per second, 0 =
+  // unpaced; the earliest time the next packet may leave.
+  uint64_t rate_bps = 0;
+  uint64_t pace_next = 0;
   uint32_t pmtu = 1024;       // bytes
   uint32_t access = 0;        // IBV_ACCESS_REMOTE_* allowed to the peer
   uint8_t timeout = 14;       // Local ACK Timeout exponent

@@ -67,6 +67,18 @@ void Engine::requester_tx(Qp &qp) {
       if (room < left && room < qp.window / 4) break;   // no tiny pieces
       next = psn_add(qp.tx_psn, std::min(left, room));
     }
+    if (qp.rate_bps) {
+      // Packet pacing: a token bucket of 64 KB at the QP's rate.
+      uint64_t now = clock_();
+      if (now < qp.pace_next) {
+        arm_timer(qp.pace_next);
+        break;
+      }
+      uint64_t burst_ns = (65536ull * 8 * 1000000000ull) / qp.rate_bps;
+      uint32_t bytes = rd ? 64 : std::min(qp.pmtu, w.length) + 64;   // + IP/UDP/IBA headers
+      qp.pace_next = std::max(qp.pace_next, now > burst_ns ? now - burst_ns : 0) +
+                     (uint64_t(bytes) * 8 * 1000000000ull) / qp.rate_bps;
+    }
     build_request(qp, w, qp.tx_psn, next);
     if (psn_diff(next, qp.tx_high) > 0) qp.tx_high = next;
     else count(Counter::retransmits);

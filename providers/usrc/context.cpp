@@ -5,6 +5,10 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,6 +27,16 @@ uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+static bool netdev_running(const std::string &name) {
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return true;
+  ifreq r{};
+  std::strncpy(r.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  bool up = ioctl(s, SIOCGIFFLAGS, &r) != 0 || ((r.ifr_flags & IFF_UP) && (r.ifr_flags & IFF_RUNNING));
+  ::close(s);
+  return up;
 }
 
 Context *Context::open(const DeviceConfig &cfg, std::string *err) {
@@ -69,6 +83,21 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   }
   fcntl(c->async_fd_[1], F_SETFL, O_NONBLOCK);
 
+  // Port events follow the netdev (IBV_EVENT_PORT_ACTIVE / PORT_ERR on link
+  // changes, IBV_EVENT_GID_CHANGE on address changes): watch rtnetlink.
+  c->ifindex_ = if_nametoindex(cfg.netdev.c_str());
+  c->port_up_ = netdev_running(cfg.netdev);
+  c->nl_fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE);
+  if (c->nl_fd_ >= 0) {
+    sockaddr_nl sa{};
+    sa.nl_family = AF_NETLINK;
+    sa.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+    if (bind(c->nl_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) {
+      ::close(c->nl_fd_);
+      c->nl_fd_ = -1;
+    }
+  }
+
   int fd = ::open(counters_path(cfg.name).c_str(), O_RDWR | O_CLOEXEC);
   if (fd >= 0) {
     void *p = mmap(nullptr, sizeof(CountersFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -81,6 +110,30 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   log().info("{}: slot {} port {} window {}", cfg.name, slot, cfg.base_port + slot, window);
   c->thread_ = std::thread([p = c.get()] { p->progress_loop(); });
   return c.release();
+}
+
+// Reads rtnetlink notifications; raises the port's async events.
+void Context::netdev_events() {
+  alignas(nlmsghdr) char buf[8192];
+  for (;;) {
+    ssize_t n = recv(nl_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) return;
+    for (auto *h = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(h, size_t(n)); h = NLMSG_NEXT(h, n)) {
+      if (h->nlmsg_type == RTM_NEWLINK || h->nlmsg_type == RTM_DELLINK) {
+        auto *ifi = static_cast<ifinfomsg *>(NLMSG_DATA(h));
+        if (unsigned(ifi->ifi_index) != ifindex_) continue;
+        bool up = h->nlmsg_type == RTM_NEWLINK && (ifi->ifi_flags & IFF_UP) &&
+                  (ifi->ifi_flags & IFF_RUNNING);
+        if (up != port_up_.exchange(up)) {
+          log().info("{}: port {}", cfg_.name, up ? "ACTIVE" : "DOWN");
+          async_event(reinterpret_cast<void *>(1), up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+        }
+      } else if (h->nlmsg_type == RTM_NEWADDR || h->nlmsg_type == RTM_DELADDR) {
+        auto *ifa = static_cast<ifaddrmsg *>(NLMSG_DATA(h));
+        if (ifa->ifa_index == ifindex_) async_event(reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
+      }
+    }
+  }
 }
 
 Context::~Context() {
@@ -106,6 +159,7 @@ Context::~Context() {
   engine_.reset();
   if (shm_) munmap(shm_, sizeof(CountersFile));
   if (wake_fd_ >= 0) ::close(wake_fd_);
+  if (nl_fd_ >= 0) ::close(nl_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
   if (async_fd_[1] >= 0) ::close(async_fd_[1]);
 }
@@ -134,7 +188,8 @@ void Context::progress_loop() {
     sp.sched_priority = 1;
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
-  pollfd fds[2] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  pollfd fds[3] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0},
+                   {nl_fd_, POLLIN, 0}};
   const uint32_t spin_us = Tunables::get().busy_poll_us;
   // While the application polls its CQs it receives in its own thread; this
   // thread then stays off the socket (two threads racing for the same
@@ -172,11 +227,12 @@ void Context::progress_loop() {
       ts = {static_cast<time_t>(d / 1000000000ull), static_cast<long>(d % 1000000000ull)};
       tsp = &ts;
     }
-    int r = ppoll(fds, 2, tsp, nullptr);
+    int r = ppoll(fds, 3, tsp, nullptr);
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
     }
+    if (r > 0 && (fds[2].revents & POLLIN)) netdev_events();
   }
 }
 

@@ -218,7 +218,8 @@ int query_port(ibv_context *ibctx, uint8_t port, ibv_port_attr *attr) {
   if (port != 1) return EINVAL;
   const DeviceConfig &cfg = impl(ibctx).cfg();
   *attr = {};
-  attr->state = IBV_PORT_ACTIVE;
+  const bool up = impl(ibctx).port_up();
+  attr->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   attr->max_mtu = IBV_MTU_4096;
   attr->active_mtu = mtu_enum(cfg.active_mtu);
   attr->gid_tbl_len = static_cast<int>(cfg.gid_tbl_len);
@@ -231,7 +232,7 @@ int query_port(ibv_context *ibctx, uint8_t port, ibv_port_attr *attr) {
   attr->max_vl_num = 1;
   attr->active_width = 1;      // 1X
   attr->active_speed = 1;      // SDR: a nominal figure; the real rate is the host's
-  attr->phys_state = 5;        // LinkUp
+  attr->phys_state = up ? 5 : 3;   // LinkUp : Disabled
   attr->link_layer = cfg.link_layer == LinkLayer::ib ? IBV_LINK_LAYER_INFINIBAND
                                                      : IBV_LINK_LAYER_ETHERNET;
   return 0;

@@ -113,6 +113,8 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   void try_progress();
   void async_event(void *element, ibv_event_type type);
+  // The port follows the netdev: ACTIVE while it is up and running.
+  bool port_up() const { return port_up_.load(std::memory_order_relaxed); }
 
   // MR table; guarded by engine().mu.
   uint32_t add_mr(Mr *mr);
@@ -135,6 +137,10 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<uint64_t> sleep_until_{0};   // the progress thread's wake time
   std::atomic<uint64_t> app_polled_{0};    // when the application last polled
   int wake_fd_ = -1;                        // eventfd
+  int nl_fd_ = -1;                          // rtnetlink: the netdev's link and addresses
+  unsigned ifindex_ = 0;
+  std::atomic<bool> port_up_{true};
+  void netdev_events();
   int async_fd_[2] = {-1, -1};
   CountersFile *shm_ = nullptr;
   std::array<uint64_t, kNumCounters> flushed_{};

@@ -238,6 +238,8 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if (mask & IBV_QP_MAX_QP_RD_ATOMIC) t.max_rd_atomic = s.max_rd_atomic = attr->max_rd_atomic;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = attr->en_sqd_async_notify;
+  if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD)
+    t.sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
   if (next == IBV_QPS_RESET) {
     // Back to RESET forgets the connection (IBA 10.3.1.1).
     ibv_qp_cap cap = s.cap;

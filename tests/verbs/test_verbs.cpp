@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1009,4 +1010,101 @@ TEST_CASE("IBV_QP_RATE_LIMIT paces the requester", "[verbs]") {
   CHECK(mbps < 200 * 1.1);
   ibv_dereg_mr(ms);
   ibv_dereg_mr(md);
+}
+
+// min_rnr_timer is the responder's RNR NAK timer: the requester waits that
+// long (IBA table 45) before each retry.
+TEST_CASE("min_rnr_timer: the requester waits the RNR NAK's time", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.rnr_retry = 2;
+  pb.min_rnr = 24;   // 40.96 ms
+  connect_pair(d, a, b, pa, pb);
+  std::vector<uint8_t> buf(64);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), 0);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  auto t0 = Clock::now();
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  auto wc = poll(a.cq, 1, 5);
+  double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR);
+  INFO("elapsed " << ms << " ms");
+  CHECK(ms >= 2 * 40.96 * 0.95);   // two waits: rnr_retry = 2
+  CHECK(ms < 2 * 40.96 + 500);
+  ibv_dereg_mr(m);
+}
+
+// Start PSNs that do not match: the responder sees every request out of
+// sequence and NAKs it; the requester never gets an ACK it can use and ends
+// with retry exceeded. Matching PSNs (every other test) work.
+TEST_CASE("mismatched start PSNs: PSN sequence NAKs, then RETRY_EXC_ERR", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.sq_psn = 1000;
+  pa.timeout = 10;   // 4.2 ms
+  pa.retry = 2;
+  connect(d, a, b.qp->qp_num, pa);
+  pb.rq_psn = 5000;   // not pa.sq_psn
+  connect(d, b, a.qp->qp_num, pb);
+  std::vector<uint8_t> buf(64), rbuf(64);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *rm = ibv_reg_mr(d.pd, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge r{uintptr_t(rbuf.data()), 64, rm->lkey};
+  REQUIRE(post_recv(b.qp, 1, &r, 1) == 0);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  auto wc = poll(a.cq, 1, 5);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_RETRY_EXC_ERR);
+  CHECK(poll(b.cq, 1, 0.2).empty());   // nothing was delivered
+  ibv_dereg_mr(m);
+  ibv_dereg_mr(rm);
+}
+
+// SQD: the send queue drains (what is in flight completes, nothing new
+// starts), IBV_EVENT_SQ_DRAINED arrives on the async fd, and SQD -> RTS
+// resumes the queued work.
+TEST_CASE("SQD: drain, SQ_DRAINED event, resume", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  connect_pair(d, a, b);
+  std::vector<uint8_t> buf(100000, 1), rbuf(100000 * 4);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *rm = ibv_reg_mr(d.pd, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge s{uintptr_t(buf.data()), uint32_t(buf.size()), m->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(rbuf.data()), rm->rkey) == 0);
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_SQD;
+  at.en_sqd_async_notify = 1;
+  REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+  // Posted in SQD: queued, not started.
+  REQUIRE(post_send(a.qp, 2, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(rbuf.data()) + 100000, rm->rkey) == 0);
+  auto wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].wr_id == 1);
+  // The event (the async fd is blocking: wait for it with poll).
+  pollfd pf{d.ctx->async_fd, POLLIN, 0};
+  REQUIRE(::poll(&pf, 1, 5000) == 1);
+  ibv_async_event ev;
+  REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
+  CHECK(ev.event_type == IBV_EVENT_SQ_DRAINED);
+  CHECK(ev.element.qp == a.qp);
+  ibv_ack_async_event(&ev);
+  CHECK(poll(a.cq, 1, 0.2).empty());   // WR 2 waits for RTS
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi) == 0);
+  CHECK(q.qp_state == IBV_QPS_SQD);
+  CHECK(q.sq_draining == 1);   // work is queued
+  at.qp_state = IBV_QPS_RTS;
+  REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE) == 0);
+  wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].wr_id == 2);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  ibv_dereg_mr(m);
+  ibv_dereg_mr(rm);
 }

@@ -34,7 +34,16 @@ void Engine::advanced(Qp &qp) {
       arm_timer(qp.ack_deadline);
     }
   }
-  if (qp.state == QpState::sqd && qp.sq.empty() && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
+  check_drained(qp);
+}
+
+// Drained: every WQE started before SQD has completed and none is half
+// sent; WQEs not yet started wait for the return to RTS.
+void Engine::check_drained(Qp &qp) {
+  if (qp.state != QpState::sqd || qp.sqd_drained || qp.sq.head != qp.tx_pos) return;
+  if (qp.tx_pos != qp.sq.tail && qp.tx_psn != qp.sq.at(qp.tx_pos).first_psn) return;
+  qp.sqd_drained = true;
+  if (qp.sqd_notify && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
 }
 
 // A response gap (IBA 9.7.5.1.3, "implied NAK"): a READ response or ATOMIC

@@ -98,6 +98,12 @@ void Engine::set_state(Qp &qp, QpState s) {
     case QpState::err:
       if (old != QpState::err) flush_queues(qp);
       break;
+    case QpState::sqd:
+      if (old != QpState::sqd) {
+        qp.sqd_drained = false;
+        check_drained(qp);
+      }
+      break;
     default:
       break;
   }

@@ -104,6 +104,7 @@ class Engine {
   void flush_queues(Qp &qp);
   void push(Cq *cq, const Completion &c);
   void arm_timer(uint64_t deadline);
+  void check_drained(Qp &qp);
   struct TxSlot;
   TxSlot &tx_slot();
   void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t extra_iov);

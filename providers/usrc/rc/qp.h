@@ -59,6 +59,9 @@ struct Qp {
   // Packet pacing (static rate / IBV_QP_RATE_LIMIT): bits per second, 0 =
   // unpaced; the earliest time the next packet may leave.
   uint64_t rate_bps = 0;
+  // SQD (IBA 10.3.1.4): raise IBV_EVENT_SQ_DRAINED once the send queue has
+  // drained, if asked for (en_sqd_async_notify); once per entry into SQD.
+  bool sqd_notify = false, sqd_drained = false;
   uint64_t pace_next = 0;
   uint32_t pmtu = 1024;       // bytes
   uint32_t access = 0;        // IBV_ACCESS_REMOTE_* allowed to the peer

@@ -18,7 +18,9 @@ run_pair "ib -s 1048576"      "" "" 127.0.0.1 120 -- $P -s 1048576 -n 200
 run_pair "ib -n 10000"        "" "" 127.0.0.1 120 -- $P -n 10000
 run_pair "ib data check (-c)" "" "" 127.0.0.1 60 -- $P -c -s 65536 -n 200
 run_pair "ib -m 4096"         "" "" 127.0.0.1 60 -- $P -m 4096 -s 20000 -n 200
-run_pair "ib -m 256"          "" "" 127.0.0.1 60 -- $P -m 256 -s 3000 -n 200
+for m in 256 512 1024 2048; do
+  run_pair "ib -m $m"         "" "" 127.0.0.1 60 -- $P -m $m -s 5000 -n 200 -c
+done
 run_pair "ib -g 1 (GRH)"      "" "" 127.0.0.1 60 -- $P -g 1
 
 R="ibv_rc_pingpong -d pp_roce -g 0"

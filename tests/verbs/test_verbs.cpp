@@ -1108,3 +1108,84 @@ TEST_CASE("SQD: drain, SQ_DRAINED event, resume", "[verbs]") {
   ibv_dereg_mr(m);
   ibv_dereg_mr(rm);
 }
+
+// ibv_query_qp returns every attribute that was set, and the init
+// attributes; a refused modify leaves the QP as it was.
+TEST_CASE("query_qp returns the whole QP context", "[verbs]") {
+  Dev d;
+  Qp a(d);
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_INIT;
+  at.port_num = 1;
+  at.pkey_index = 0;
+  at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+  at = {};
+  at.qp_state = IBV_QPS_RTR;
+  at.path_mtu = IBV_MTU_2048;
+  at.dest_qp_num = a.qp->qp_num;
+  at.rq_psn = 0x123456;
+  at.max_dest_rd_atomic = 8;
+  at.min_rnr_timer = 17;
+  at.ah_attr.port_num = 1;
+  at.ah_attr.dlid = d.port.lid ? d.port.lid : 1;
+  at.ah_attr.sl = 3;
+  at.ah_attr.src_path_bits = 0;
+  at.ah_attr.static_rate = IBV_RATE_10_GBPS;
+  at.ah_attr.is_global = 1;
+  REQUIRE(ibv_query_gid(d.ctx, 1, d.port.link_layer == IBV_LINK_LAYER_ETHERNET ? 0 : 1, &at.ah_attr.grh.dgid) == 0);
+  at.ah_attr.grh.flow_label = 0xabcde;
+  at.ah_attr.grh.sgid_index = 0;
+  at.ah_attr.grh.hop_limit = 9;
+  at.ah_attr.grh.traffic_class = 0x20;
+  const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  // A missing required attribute: EINVAL, and the QP stays in INIT.
+  CHECK(ibv_modify_qp(a.qp, &at, rtr & ~IBV_QP_RQ_PSN) == EINVAL);
+  // A forbidden one (SQ_PSN belongs to RTR -> RTS): EINVAL.
+  CHECK(ibv_modify_qp(a.qp, &at, rtr | IBV_QP_SQ_PSN) == EINVAL);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi) == 0);
+  CHECK(q.qp_state == IBV_QPS_INIT);
+  CHECK(q.rq_psn == 0);
+  REQUIRE(ibv_modify_qp(a.qp, &at, rtr) == 0);
+  at = {};
+  at.qp_state = IBV_QPS_RTS;
+  at.sq_psn = 0xfedcb;
+  at.timeout = 18;
+  at.retry_cnt = 5;
+  at.rnr_retry = 6;
+  at.max_rd_atomic = 4;
+  REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                       IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+  q = {};
+  REQUIRE(ibv_query_qp(a.qp, &q, ~0, &qi) == 0);
+  CHECK(q.qp_state == IBV_QPS_RTS);
+  CHECK(q.cur_qp_state == IBV_QPS_RTS);
+  CHECK(q.path_mtu == IBV_MTU_2048);
+  CHECK(q.dest_qp_num == a.qp->qp_num);
+  CHECK(q.rq_psn == 0x123456);
+  CHECK(q.sq_psn == 0xfedcb);
+  CHECK(q.qp_access_flags == (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
+  CHECK(q.pkey_index == 0);
+  CHECK(q.port_num == 1);
+  CHECK(q.max_rd_atomic == 4);
+  CHECK(q.max_dest_rd_atomic == 8);
+  CHECK(q.min_rnr_timer == 17);
+  CHECK(q.timeout == 18);
+  CHECK(q.retry_cnt == 5);
+  CHECK(q.rnr_retry == 6);
+  CHECK(q.ah_attr.sl == 3);
+  CHECK(q.ah_attr.static_rate == IBV_RATE_10_GBPS);
+  CHECK(q.ah_attr.is_global == 1);
+  CHECK(q.ah_attr.grh.flow_label == 0xabcde);
+  CHECK(q.ah_attr.grh.hop_limit == 9);
+  CHECK(q.ah_attr.grh.traffic_class == 0x20);
+  CHECK(q.sq_draining == 0);
+  CHECK(q.cap.max_send_wr >= 256);
+  CHECK(q.cap.max_inline_data >= 64);
+  CHECK(qi.qp_type == IBV_QPT_RC);
+  CHECK(qi.send_cq == a.cq);
+  CHECK(qi.recv_cq == a.cq);
+}

@@ -236,7 +236,8 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if (mask & IBV_QP_RNR_RETRY) t.rnr_retry = s.rnr_retry = attr->rnr_retry;
   if (mask & IBV_QP_MIN_RNR_TIMER) t.min_rnr_timer = s.min_rnr_timer = attr->min_rnr_timer;
   if (mask & IBV_QP_MAX_QP_RD_ATOMIC) t.max_rd_atomic = s.max_rd_atomic = attr->max_rd_atomic;
-  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+  if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+    t.max_dest_rd_atomic = s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = attr->en_sqd_async_notify;
   if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD)
     t.sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;

@@ -69,6 +69,7 @@ struct Params {
   ibv_mtu mtu = IBV_MTU_1024;
   uint8_t timeout = 14, retry = 7, rnr_retry = 7, min_rnr = 12;
   int access = IBV_ACCESS_REMOTE_WRITE;
+  uint8_t rd_atomic = 16;   // max_dest_rd_atomic and max_rd_atomic
 };
 
 int to_init(ibv_qp *qp, int access) {
@@ -85,7 +86,7 @@ int to_rtr(Dev &d, ibv_qp *qp, uint32_t dest_qpn, const Params &p) {
   a.path_mtu = p.mtu;
   a.dest_qp_num = dest_qpn;
   a.rq_psn = p.rq_psn;
-  a.max_dest_rd_atomic = 0;
+  a.max_dest_rd_atomic = p.rd_atomic;
   a.min_rnr_timer = p.min_rnr;
   a.ah_attr.port_num = 1;
   a.ah_attr.dlid = d.port.lid;
@@ -105,7 +106,7 @@ int to_rts(ibv_qp *qp, const Params &p) {
   a.timeout = p.timeout;
   a.retry_cnt = p.retry;
   a.rnr_retry = p.rnr_retry;
-  a.max_rd_atomic = 0;
+  a.max_rd_atomic = p.rd_atomic;
   return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
 }
@@ -1188,4 +1189,25 @@ TEST_CASE("query_qp returns the whole QP context", "[verbs]") {
   CHECK(qi.qp_type == IBV_QPT_RC);
   CHECK(qi.send_cq == a.cq);
   CHECK(qi.recv_cq == a.cq);
+}
+
+// Responder resources: a QP with max_dest_rd_atomic 0 takes no READ.
+TEST_CASE("max_dest_rd_atomic 0: READ gets REM_INV_REQ_ERR", "[verbs]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params pa, pb;
+  pa.access = pb.access = IBV_ACCESS_REMOTE_READ;
+  pb.rd_atomic = 0;
+  connect_pair(d, a, b, pa, pb);
+  std::vector<uint8_t> src(100, 1), dst(100, 0);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge s{uintptr_t(dst.data()), 100, md->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_READ, &s, 1, IBV_SEND_SIGNALED, uintptr_t(src.data()), ms->rkey) == 0);
+  auto wc = poll(a.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_REM_INV_REQ_ERR);
+  CHECK(dst[0] == 0);
+  ibv_dereg_mr(ms);
+  ibv_dereg_mr(md);
 }

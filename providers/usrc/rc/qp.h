@@ -70,6 +70,7 @@ struct Qp {
   uint8_t rnr_retry = 7;      // 7 = retry forever
   uint8_t min_rnr_timer = 0;  // the RNR NAK timer code we send
   uint8_t max_rd_atomic = 1;  // READ/ATOMIC requests in flight (initiator depth)
+  uint8_t max_dest_rd_atomic = kMaxRdAtomic;  // responder resources (0: none)
 
   Ring<SendWqe> sq;
   Ring<RecvWqe> rq;

@@ -91,7 +91,9 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
   };
 
   if (!is_send && !is_write) {   // READ or ATOMIC
-    if (qp.in_msg) return invalid();
+    // No responder resources (max_dest_rd_atomic 0): the QP takes no
+    // READ or ATOMIC at all.
+    if (qp.in_msg || qp.max_dest_rd_atomic == 0) return invalid();
     qp.nak_sent = false;
     if (mask & wire::IS_READ) return read_request(qp, v, false);
     return atomic_request(qp, v, false);
@@ -292,7 +294,8 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   } else {
     orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
   }
-  qp.res[qp.res_next++ % kMaxRdAtomic] = {true, psn, orig};
+  // The last max_dest_rd_atomic results are kept (responder resources).
+  qp.res[qp.res_next++ % qp.max_dest_rd_atomic] = {true, psn, orig};
   qp.epsn = psn_add(qp.epsn, 1);
   qp.msn = msn_add(qp.msn, 1);
   send_atomic_ack(qp, psn, orig);

@@ -1123,7 +1123,7 @@ TEST_CASE("query_qp returns the whole QP context", "[verbs]") {
   REQUIRE(ibv_modify_qp(a.qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
   at = {};
   at.qp_state = IBV_QPS_RTR;
-  at.path_mtu = IBV_MTU_2048;
+  at.path_mtu = d.port.active_mtu;
   at.dest_qp_num = a.qp->qp_num;
   at.rq_psn = 0x123456;
   at.max_dest_rd_atomic = 8;
@@ -1164,7 +1164,7 @@ TEST_CASE("query_qp returns the whole QP context", "[verbs]") {
   REQUIRE(ibv_query_qp(a.qp, &q, ~0, &qi) == 0);
   CHECK(q.qp_state == IBV_QPS_RTS);
   CHECK(q.cur_qp_state == IBV_QPS_RTS);
-  CHECK(q.path_mtu == IBV_MTU_2048);
+  CHECK(q.path_mtu == d.port.active_mtu);
   CHECK(q.dest_qp_num == a.qp->qp_num);
   CHECK(q.rq_psn == 0x123456);
   CHECK(q.sq_psn == 0xfedcb);

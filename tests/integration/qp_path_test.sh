@@ -2,7 +2,7 @@
 # The QP's path attributes in the packets' IP and UDP headers, checked on a
 # capture of loopback: GRH traffic class -> IP TOS, hop limit -> TTL, flow
 # label -> UDP source port 0xC000 | (label & 0x3FFF); without a GRH (IB link
-# layer) the SL is the DSCP.
+# layer) the SL is the DSCP; packets are segmented to the path MTU.
 # Usage: qp_path_test.sh USRC_CLI PROVIDER_SO VERBS_TESTS
 USRC=$1 USRC_PROVIDER=$2 PROG=$3
 . "$(dirname "$0")/lib.sh"
@@ -28,6 +28,9 @@ check() {   # check DEV PORT: run the path traffic on DEV under a capture
   echo "$rows"
   # Requests with the GRH: TOS 0x68, TTL 7, source port 0xE345 (58181).
   echo "$rows" | grep -qE '0x68\s+7\s+58181$' || fail "$dev: GRH fields not on the wire"
+  # Path MTU 1024: no datagram above 8 (UDP) + 12 (BTH) + 1024 + 4 (ICRC).
+  max=$(tshark -r "$CAP" -T fields -e udp.length 2>/dev/null | sort -n | tail -1)
+  [ "$max" = 1048 ] || fail "$dev: largest datagram $max, expected 1048 (path MTU 1024)"
 }
 check ph_ib 37000
 # Without a GRH: DSCP 5 (TOS 0x14) from SL 5, default TTL, the QP's own port.

@@ -33,7 +33,7 @@ ibv_send_wr *begin(ibv_qp_ex *x, ibv_wr_opcode op) {
   p.wr.wr_id = x->wr_id;
   p.wr.send_flags = x->wr_flags;
   p.wr.opcode = op;
-  p.wr.sg_list = p.sge;
+  p.inl_len = -1;
   return &p.wr;
 }
 
@@ -91,6 +91,7 @@ void wr_set_sge(ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length) {
   if (Qp::PendingWr *p = current(x)) {
     p->sge[0] = {addr, length, lkey};
     p->wr.num_sge = 1;
+    p->inl_len = -1;
   }
 }
 
@@ -100,6 +101,7 @@ void wr_set_sge_list(ibv_qp_ex *x, size_t n, const ibv_sge *list) {
   if (n > rc::kMaxSge) return fail(to_qp(x), EINVAL);
   std::memcpy(p->sge, list, n * sizeof *list);
   p->wr.num_sge = static_cast<int>(n);
+  p->inl_len = -1;
 }
 
 // Inline data is copied at once: the caller may reuse its buffer on return.
@@ -112,7 +114,7 @@ void wr_set_inline_data_list(ibv_qp_ex *x, size_t n, const ibv_data_buf *bufs) {
     std::memcpy(p->inl + len, bufs[i].addr, bufs[i].length);
     len += bufs[i].length;
   }
-  p->sge[0] = {reinterpret_cast<uintptr_t>(p->inl), static_cast<uint32_t>(len), 0};
+  p->inl_len = static_cast<int32_t>(len);
   p->wr.num_sge = 1;
   p->wr.send_flags |= IBV_SEND_INLINE;
 }
@@ -136,8 +138,12 @@ int wr_complete(ibv_qp_ex *x) {
   size_t n = qp->nbatch;
   wr_start(x);
   if (err || n == 0) return err;
-  for (size_t i = 0; i + 1 < n; i++) qp->batch[i].wr.next = &qp->batch[i + 1].wr;
-  qp->batch[n - 1].wr.next = nullptr;
+  for (size_t i = 0; i < n; i++) {
+    Qp::PendingWr &p = qp->batch[i];
+    if (p.inl_len >= 0) p.sge[0] = {reinterpret_cast<uintptr_t>(p.inl), uint32_t(p.inl_len), 0};
+    p.wr.sg_list = p.sge;
+    p.wr.next = i + 1 < n ? &qp->batch[i + 1].wr : nullptr;
+  }
   Context &c = *qp->ctx;
   {
     std::lock_guard g(c.engine().mu);

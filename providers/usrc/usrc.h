@@ -86,10 +86,13 @@ struct Qp {
   ibv_qp_init_attr init{};
   // The extended send API (ibv_wr_*, qp_ex.cpp): work requests built
   // between ibv_wr_start and ibv_wr_complete, posted all or none.
+  // Pointers into an entry (sg_list, inline data) are set at
+  // ibv_wr_complete: the vector may move while the batch grows.
   struct PendingWr {
     ibv_send_wr wr;
     ibv_sge sge[rc::kMaxSge];
     uint8_t inl[rc::kMaxInline];
+    int32_t inl_len;               // -1: the SGEs; else inline data in inl
   };
   std::vector<PendingWr> batch;   // grows to the largest batch, then reused
   size_t nbatch = 0;

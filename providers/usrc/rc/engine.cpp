@@ -57,6 +57,7 @@ void Engine::destroy_qp(Qp *qp) {
 }
 
 void Engine::reap(Qp *qp) {
+  tx_flush();   // nothing queued may outlive the QP
   if (qp->linger_until) lingering_--;
   std::erase(ack_list_, qp);
   std::erase(live_, qp);
@@ -171,8 +172,13 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
     return 0;
   }
   qp.next_psn = psn_add(qp.next_psn, w.npkts);
+  // Nothing in flight: send now (latency). Otherwise the ACKs on their way
+  // back run the engine again (the application's poll or the progress
+  // thread), which sends the batch: back-to-back posts leave in one
+  // sendmmsg.
+  const bool in_flight = qp.una_psn != qp.tx_high;
   requester_tx(qp);
-  tx_flush();
+  if (!in_flight) tx_flush();
   return 0;
 }
 

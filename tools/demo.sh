@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=${PREFIX:-/opt/usrc}
 tools/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DUSRC_BUILD_TESTS=OFF >/dev/null
-cmake --build build -j2
-cmake --install build --prefix "$PREFIX" >/dev/null
+cmake -S . -B build-demo -DCMAKE_BUILD_TYPE=Release -DUSRC_BUILD_TESTS=OFF >/dev/null
+cmake --build build-demo -j2
+cmake --install build-demo --prefix "$PREFIX" >/dev/null
 "$PREFIX/bin/usrc" link del usrc0 >/dev/null 2>&1 || true
 "$PREFIX/bin/usrc" link add usrc0 netdev lo
 "$PREFIX/bin/usrc" link show

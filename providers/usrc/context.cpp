@@ -18,6 +18,7 @@
 
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
+#include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
 #include "usrc/usrc.h"
 
@@ -71,7 +72,14 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   uint32_t per_pkt = cfg.active_mtu + 1024;
   uint32_t window = t.tx_window ? t.tx_window
                                 : std::clamp<uint32_t>(nic->rcvbuf() / (2 * per_pkt), 8, 256);
-  c->engine_ = std::make_unique<rc::Engine>(std::move(nic), slot, cfg.base_port, now_ns,
+  std::unique_ptr<net::Nic> dev = std::move(nic);
+  if (const char *trace = getenv("USRC_TRACE"); trace && *trace) {
+    // Packet capture (usrc trace): every datagram to a pcap file.
+    std::string path = net::trace_path(trace), terr;
+    if (auto t = net::TraceNic::wrap(dev, path, &terr)) dev = std::move(t);
+    else log().warn("{}: no trace: {}", cfg.name, terr);
+  }
+  c->engine_ = std::make_unique<rc::Engine>(std::move(dev), slot, cfg.base_port, now_ns,
                                             c.get(), c.get());
   c->engine_->max_window = window;
 

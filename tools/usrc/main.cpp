@@ -43,6 +43,19 @@ int main(int argc, char **argv) {
     return exec_cmd(std::vector<std::string>(argv + first, argv + argc));
   }
 
+  app.add_subcommand("trace",
+                     "run a program through usrc exec, capturing its packets: trace FILE -- CMD "
+                     "[ARGS] (%p in FILE: the pid of each process)");
+  if (argc >= 2 && std::string(argv[1]) == "trace") {
+    if (argc < 4) {
+      fprintf(stderr, "usrc: usage: usrc trace FILE.pcap -- CMD [ARGS...]\n");
+      return 2;
+    }
+    setenv("USRC_TRACE", argv[2], 1);
+    int first = (argc >= 4 && std::string(argv[3]) == "--") ? 4 : 3;
+    return exec_cmd(std::vector<std::string>(argv + first, argv + argc));
+  }
+
   CLI11_PARSE(app, argc, argv);
 
   if (*ladd) {

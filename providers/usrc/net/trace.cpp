@@ -1,0 +1,119 @@
+#include "usrc/net/trace.h"
+
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+namespace usrc::net {
+
+namespace {
+
+constexpr uint32_t kLinktypeIpv4 = 228;   // raw IPv4, no link header
+
+struct PcapHeader {
+  uint32_t magic = 0xa1b23c4d;   // nanosecond timestamps
+  uint16_t major = 2, minor = 4;
+  int32_t zone = 0;
+  uint32_t sigfigs = 0, snaplen = 65535, linktype = kLinktypeIpv4;
+};
+
+struct RecordHeader {
+  uint32_t sec, nsec, caplen, len;
+};
+
+uint16_t ip_checksum(const uint8_t *h, size_t n) {
+  uint32_t sum = 0;
+  for (size_t i = 0; i < n; i += 2) sum += uint32_t(h[i] << 8 | h[i + 1]);
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return uint16_t(~sum);
+}
+
+}  // namespace
+
+std::string trace_path(const std::string &pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); i++) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
+      out += std::to_string(getpid());
+      i++;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::string &path,
+                                    std::string *err) {
+  FILE *f = fopen(path.c_str(), "wbe");
+  if (!f) {
+    *err = path + ": " + strerror(errno);
+    return nullptr;
+  }
+  PcapHeader h;
+  fwrite(&h, sizeof h, 1, f);
+  fflush(f);
+  return std::unique_ptr<Nic>(new TraceNic(std::move(inner), f));
+}
+
+TraceNic::~TraceNic() { fclose(f_); }
+
+// One IPv4/UDP datagram as the kernel sends it: DF, IP ID 0, the TOS and
+// TTL the packet asked for, UDP checksum 0 (not computed here).
+void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, const iovec *iov,
+                      size_t iovcnt) {
+  size_t len = 0;
+  for (size_t i = 0; i < iovcnt; i++) len += iov[i].iov_len;
+  uint8_t h[28] = {};
+  const size_t total = sizeof h + len;
+  if (total > 65535) return;
+  h[0] = 0x45;
+  h[1] = tos;
+  h[2] = uint8_t(total >> 8);
+  h[3] = uint8_t(total);
+  h[6] = 0x40;   // DF
+  h[8] = ttl ? ttl : 64;
+  h[9] = 17;     // UDP
+  uint32_t s = htonl(src.ip), d = htonl(dst.ip);
+  std::memcpy(h + 12, &s, 4);
+  std::memcpy(h + 16, &d, 4);
+  uint16_t c = ip_checksum(h, 20);
+  h[10] = uint8_t(c >> 8);
+  h[11] = uint8_t(c);
+  const size_t ulen = 8 + len;
+  h[20] = uint8_t(src.port >> 8);
+  h[21] = uint8_t(src.port);
+  h[22] = uint8_t(dst.port >> 8);
+  h[23] = uint8_t(dst.port);
+  h[24] = uint8_t(ulen >> 8);
+  h[25] = uint8_t(ulen);
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  RecordHeader r{uint32_t(t.tv_sec), uint32_t(t.tv_nsec), uint32_t(total), uint32_t(total)};
+  fwrite(&r, sizeof r, 1, f_);
+  fwrite(h, sizeof h, 1, f_);
+  for (size_t i = 0; i < iovcnt; i++) fwrite(iov[i].iov_base, 1, iov[i].iov_len, f_);
+}
+
+size_t TraceNic::send(std::span<const TxPacket> pkts) {
+  const Endpoint me = inner_->local();
+  for (const TxPacket &p : pkts)
+    record({me.ip, p.src_port ? p.src_port : me.port}, p.dst, p.tos, p.ttl, p.iov, p.iovcnt);
+  fflush(f_);
+  return inner_->send(pkts);
+}
+
+size_t TraceNic::recv(std::span<RxPacket> out) {
+  size_t n = inner_->recv(out);
+  for (size_t i = 0; i < n; i++) {
+    iovec v{const_cast<uint8_t *>(out[i].data), out[i].len};
+    record(out[i].src, inner_->local(), 0, 0, &v, 1);
+  }
+  if (n) fflush(f_);
+  return n;
+}
+
+}  // namespace usrc::net

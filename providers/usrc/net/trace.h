@@ -1,0 +1,39 @@
+// A NIC decorator that writes every datagram sent and received to a pcap
+// file (USRC_TRACE, or `usrc trace FILE -- CMD`), as IPv4/UDP packets with
+// the real addresses and ports, so Wireshark's InfiniBand dissector reads
+// them (decode the device's UDP ports as InfiniBand; README). Costs nothing
+// when tracing is off: the decorator is not there.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "usrc/net/nic.h"
+
+namespace usrc::net {
+
+class TraceNic final : public Nic {
+ public:
+  // nullptr (and the inner NIC untouched) if the file cannot be created.
+  static std::unique_ptr<Nic> wrap(std::unique_ptr<Nic> &inner, const std::string &path,
+                                   std::string *err);
+  ~TraceNic() override;
+
+  Endpoint local() const override { return inner_->local(); }
+  int wait_fd() const override { return inner_->wait_fd(); }
+  size_t send(std::span<const TxPacket> pkts) override;
+  size_t recv(std::span<RxPacket> out) override;
+
+ private:
+  TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}
+  void record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, const iovec *iov,
+              size_t iovcnt);
+  std::unique_ptr<Nic> inner_;
+  FILE *f_;
+};
+
+// The trace file name for this process: "%p" in `pattern` becomes the pid.
+std::string trace_path(const std::string &pattern);
+
+}  // namespace usrc::net

@@ -63,6 +63,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
       return nullptr;
 #endif
     }
+    if (!nic && e == EBUSY && err->empty()) return nullptr;   // nested libfabric probe
     if (!nic && e != EADDRINUSE) {
       *err = "cannot open the " + cfg.backend + " NIC on the device address (" + *err + "); is " +
              cfg.netdev + " up with that address in this network namespace?";

@@ -3,6 +3,8 @@
 set -euo pipefail
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catch2 libspdlog-dev
       libcli11-dev zlib1g-dev tshark nftables iproute2 python3"
+# NIC backends: libfabric (ofi), AF_XDP (xdp).
+PKGS="$PKGS libfabric-dev libfabric-bin libbpf-dev"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }

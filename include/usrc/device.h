@@ -37,6 +37,8 @@ struct DeviceConfig {
   uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
   uint64_t node_guid = 0;       // host byte order
   uint32_t gid_tbl_len = 1;
+  std::string backend = "udp";  // NIC backend: udp (kernel sockets), xdp (AF_XDP), ofi (libfabric)
+  std::string provider;         // ofi: libfabric provider name (empty: "udp")
 
   std::string serialize() const;
   static std::optional<DeviceConfig> parse(const std::string &text,

@@ -18,8 +18,10 @@
 
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
+#include "usrc/net/ofi.h"
 #include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
+#include "usrc/net/xdp.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -47,18 +49,39 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
 
   // Pick a free process slot: its UDP port is base_port + slot. Start at a
   // pid-derived slot so that concurrent openers rarely collide.
-  std::unique_ptr<net::UdpNic> nic;
-  uint32_t slot = 0;
+  std::unique_ptr<net::Nic> nic;
+  uint32_t slot = 0, rcvbuf = 0;
+  size_t max_payload = SIZE_MAX;
   uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlots;
   for (uint32_t i = 0; i < kMaxSlots && !nic; i++) {
     slot = 1 + (start + i) % kMaxSlots;
     if (uint32_t(cfg.base_port) + slot > 65535) continue;
     int e = 0;
-    nic = net::UdpNic::open({cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)}, t.sock_buf,
-                            t.rx_batch, &e, err);
+    net::Endpoint local{cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)};
+    if (cfg.backend == "udp") {
+      auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, &e, err);
+      if (u) rcvbuf = u->rcvbuf();
+      nic = std::move(u);
+    } else if (cfg.backend == "ofi") {
+#ifdef USRC_HAVE_OFI
+      nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, &max_payload, &e, err);
+#else
+      *err = "backend ofi: this usrc was built without libfabric (libfabric-dev)";
+      return nullptr;
+#endif
+    } else if (cfg.backend == "xdp") {
+#ifdef USRC_HAVE_XDP
+      nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
+      max_payload = 4096 - 42;   // one UMEM frame less Ethernet/IPv4/UDP
+#else
+      *err = "backend xdp: this usrc was built without AF_XDP support (libxdp-dev, libbpf-dev, clang)";
+      return nullptr;
+#endif
+    }
+    if (!nic && e == EBUSY && err->empty()) return nullptr;   // nested libfabric probe
     if (!nic && e != EADDRINUSE) {
-      *err = "cannot bind the device address (" + *err + "); is " + cfg.netdev +
-             " up with that address in this network namespace?";
+      *err = "cannot open the " + cfg.backend + " NIC on the device address (" + *err + "); is " +
+             cfg.netdev + " up with that address in this network namespace?";
       return nullptr;
     }
   }
@@ -66,12 +89,20 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     *err = "no free UDP port in the device's range";
     return nullptr;
   }
+  // The largest packet: a full PMTU payload plus BTH, RETH/ImmDt and ICRC.
+  if (max_payload < cfg.active_mtu + 64) {
+    *err = "the NIC carries at most " + std::to_string(max_payload) + " bytes: MTU " +
+           std::to_string(cfg.active_mtu) + " is too large";
+    return nullptr;
+  }
   // Size the send window to what the peer's socket buffer can hold (we
   // assume the peer is configured like us): loss from buffer overflow would
-  // otherwise be the common case on loopback.
+  // otherwise be the common case on loopback. Backends with their own
+  // receive rings get a fixed window below their ring size.
   uint32_t per_pkt = cfg.active_mtu + 1024;
   uint32_t window = t.tx_window ? t.tx_window
-                                : std::clamp<uint32_t>(nic->rcvbuf() / (2 * per_pkt), 8, 256);
+                    : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
+                                : 64;
   std::unique_ptr<net::Nic> dev = std::move(nic);
   if (const char *trace = getenv("USRC_TRACE"); trace && *trace) {
     // Packet capture (usrc trace): every datagram to a pcap file.
@@ -198,6 +229,7 @@ void Context::progress_loop() {
   }
   pollfd fds[3] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0},
                    {nl_fd_, POLLIN, 0}};
+  constexpr uint64_t kNoWaitFdPollNs = 200'000;
   const uint32_t spin_us = Tunables::get().busy_poll_us;
   // While the application polls its CQs it receives in its own thread; this
   // thread then stays off the socket (two threads racing for the same
@@ -216,6 +248,8 @@ void Context::progress_loop() {
         last_flush_ = now;
       }
       deadline = engine_->next_deadline();
+      // A NIC without a wait fd is looked at on a short period instead.
+      if (fds[0].fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
       if (deadline == UINT64_MAX) flush_counters();
       uint64_t polled = app_polled_.load(std::memory_order_relaxed);
       app_active = now - polled < kAppQuietNs;

@@ -70,8 +70,11 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
   std::string err;
   c->impl = Context::open(*dev->cfg, &err);
   if (!c->impl) {
-    log().error("{}: {}", dev->cfg->name, err);
-    fprintf(stderr, "usrc: %s: %s\n", dev->cfg->name.c_str(), err.c_str());
+    // An empty message: a refusal that is expected (see net/ofi.cpp).
+    if (!err.empty()) {
+      log().error("{}: {}", dev->cfg->name, err);
+      fprintf(stderr, "usrc: %s: %s\n", dev->cfg->name.c_str(), err.c_str());
+    }
     verbs_uninit_context(&c->vctx);
     free(c);
     errno = ENODEV;

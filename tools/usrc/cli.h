@@ -7,7 +7,7 @@
 namespace usrc::cli {
 
 struct LinkAddArgs {
-  std::string name, netdev, type = "ib";
+  std::string name, netdev, type = "ib", backend = "udp", provider;
   int port = 20000;
 };
 int link_add(const LinkAddArgs &a);

@@ -14,9 +14,9 @@ int main(int argc, char **argv) {
 
   LinkAddArgs add;
   std::vector<std::string> words;
-  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P]");
+  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]");
   ladd->add_option("name", add.name, "device name")->required();
-  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P]")->required();
+  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]")->required();
 
   std::string del_name;
   auto *ldel = link->add_subcommand("del", "remove a device");
@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*ladd) {
-    // `link add NAME netdev IF [type ib|roce] [port P]`, iproute2 style.
+    // `link add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]`, iproute2 style.
     for (size_t i = 0; i < words.size(); i++) {
       const std::string &k = words[i];
       if (i + 1 >= words.size()) {
@@ -69,6 +69,8 @@ int main(int argc, char **argv) {
       const std::string &v = words[++i];
       if (k == "netdev") add.netdev = v;
       else if (k == "type") add.type = v;
+      else if (k == "backend") add.backend = v;
+      else if (k == "provider") add.provider = v;
       else if (k == "port") {
         try {
           add.port = std::stoi(v);
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
           return 2;
         }
       } else {
-        fprintf(stderr, "usrc: unknown keyword '%s' (expected netdev, type, port)\n", k.c_str());
+        fprintf(stderr, "usrc: unknown keyword '%s' (expected netdev, type, port, backend, provider)\n", k.c_str());
         return 2;
       }
     }

@@ -43,7 +43,9 @@ std::string DeviceConfig::serialize() const {
     << "active_mtu=" << active_mtu << "\n"
     << "base_port=" << base_port << "\n"
     << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
-    << "gid_tbl_len=" << gid_tbl_len << "\n";
+    << "gid_tbl_len=" << gid_tbl_len << "\n"
+    << "backend=" << backend << "\n";
+  if (!provider.empty()) o << "provider=" << provider << "\n";
   return o.str();
 }
 
@@ -77,6 +79,10 @@ std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::st
       else if (k == "base_port") c.base_port = static_cast<uint16_t>(std::stoul(v));
       else if (k == "node_guid") c.node_guid = std::stoull(v, nullptr, 0);
       else if (k == "gid_tbl_len") c.gid_tbl_len = std::stoul(v);
+      else if (k == "backend") {
+        if (v != "udp" && v != "xdp" && v != "ofi") return fail("bad backend: " + v);
+        c.backend = v;
+      } else if (k == "provider") c.provider = v;
       // Unknown keys are ignored so that newer tools can add keys.
     }
   } catch (const std::exception &e) {

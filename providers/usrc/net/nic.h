@@ -41,10 +41,15 @@ class Nic {
   // A file descriptor that becomes readable when packets arrive (for the
   // progress thread's poll), or -1 if the backend has none.
   virtual int wait_fd() const = 0;
-  // Sends as many packets as it can; returns how many left.
+  // Sends as many packets as it can; returns how many were sent (the rest
+  // are dropped: the transport retransmits).
   virtual size_t send(std::span<const TxPacket> pkts) = 0;
   // Non-blocking: fills up to out.size() packets, returns how many.
   virtual size_t recv(std::span<RxPacket> out) = 0;
+  // The transport will talk to this peer (a QP reached RTR). Backends that
+  // keep per-peer state (an address vector, a neighbour's MAC) prepare it
+  // here, off the datapath.
+  virtual void add_peer(Endpoint) {}
 };
 
 }  // namespace usrc::net

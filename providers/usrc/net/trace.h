@@ -24,6 +24,7 @@ class TraceNic final : public Nic {
   int wait_fd() const override { return inner_->wait_fd(); }
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
+  void add_peer(Endpoint e) override { inner_->add_peer(e); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}

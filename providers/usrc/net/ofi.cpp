@@ -1,0 +1,251 @@
+#include "usrc/net/ofi.h"
+
+#include <arpa/inet.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+namespace usrc::net {
+
+namespace {
+
+sockaddr_in to_sockaddr(Endpoint e) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(e.ip);
+  a.sin_port = htons(e.port);
+  return a;
+}
+uint64_t key(Endpoint e) { return uint64_t(e.ip) << 16 | e.port; }
+
+class OfiNic final : public Nic {
+ public:
+  ~OfiNic() override {
+    // Endpoint first: it references the CQ and AV.
+    for (fid *f : {ep_ ? &ep_->fid : nullptr, cq_ ? &cq_->fid : nullptr,
+                   av_ ? &av_->fid : nullptr, mr_ ? &mr_->fid : nullptr,
+                   domain_ ? &domain_->fid : nullptr, fabric_ ? &fabric_->fid : nullptr})
+      if (f) fi_close(f);
+    if (info_) fi_freeinfo(info_);
+  }
+
+  Endpoint local() const override { return local_; }
+  int wait_fd() const override { return wait_fd_; }
+
+  void add_peer(Endpoint e) override { (void)lookup(e); }
+
+  size_t send(std::span<const TxPacket> pkts) override {
+    size_t sent = 0;
+    for (const TxPacket &p : pkts) {
+      if (free_tx_.empty()) drain_cq();
+      if (free_tx_.empty()) break;   // NIC full: the transport retransmits
+      fi_addr_t to = lookup(p.dst);
+      if (to == FI_ADDR_NOTAVAIL) continue;
+      uint32_t s = free_tx_.back();
+      uint8_t *b = slot(s), *w = b + prefix_;
+      size_t len = 0;
+      for (size_t i = 0; i < p.iovcnt && len + p.iov[i].iov_len <= max_payload_; i++) {
+        memcpy(w + len, p.iov[i].iov_base, p.iov[i].iov_len);
+        len += p.iov[i].iov_len;
+      }
+      ssize_t r;
+      for (int tries = 0; (r = fi_send(ep_, b, prefix_ + len, desc_, to, &ctx_[s])) == -FI_EAGAIN &&
+                          tries < 16;
+           tries++)
+        drain_cq();   // udp-like providers progress in the CQ read
+      if (r != 0) continue;
+      free_tx_.pop_back();
+      sent++;
+    }
+    return sent;
+  }
+
+  size_t recv(std::span<RxPacket> out) override {
+    // The packets handed out last time are consumed now: post their buffers again.
+    for (uint32_t s : handed_out_) post_rx(s);
+    handed_out_.clear();
+    if (ready_.size() < out.size()) drain_cq();
+    size_t n = std::min(out.size(), ready_.size());
+    for (size_t i = 0; i < n; i++) {
+      const Ready &r = ready_[i];
+      out[i] = {r.src, slot(r.slot) + prefix_, r.len};
+      handed_out_.push_back(r.slot);
+    }
+    ready_.erase(ready_.begin(), ready_.begin() + n);
+    return n;
+  }
+
+  // Builds the endpoint; see open_ofi_nic.
+  int init(Endpoint local, const std::string &prov, uint32_t rx_batch, std::string *err) {
+    local_ = local;
+    fi_info *hints = fi_allocinfo();
+    hints->ep_attr->type = FI_EP_DGRAM;
+    hints->caps = FI_MSG | FI_SOURCE;
+    hints->mode = FI_CONTEXT | FI_MSG_PREFIX;
+    hints->addr_format = FI_SOCKADDR_IN;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+    hints->fabric_attr->prov_name = strdup(prov.empty() ? "udp" : prov.c_str());
+    char node[INET_ADDRSTRLEN], service[8];
+    in_addr a{htonl(local.ip)};
+    inet_ntop(AF_INET, &a, node, sizeof node);
+    snprintf(service, sizeof service, "%u", local.port);
+    int r = fi_getinfo(FI_VERSION(1, 9), node, service, FI_SOURCE, hints, &info_);
+    fi_freeinfo(hints);
+    auto fail = [&](const char *what, int rc) {
+      *err = std::string(what) + ": " + fi_strerror(-rc);
+      return rc;
+    };
+    if (r) return fail("fi_getinfo (provider with FI_EP_DGRAM, FI_MSG, FI_SOURCE)", r);
+    prefix_ = (info_->mode & FI_MSG_PREFIX) ? info_->ep_attr->msg_prefix_size : 0;
+    max_payload_ = std::min<size_t>(info_->ep_attr->max_msg_size, kMaxDatagram);
+    if ((r = fi_fabric(info_->fabric_attr, &fabric_, nullptr))) return fail("fi_fabric", r);
+    if ((r = fi_domain(fabric_, info_, &domain_, nullptr))) return fail("fi_domain", r);
+
+    nrx_ = std::max<uint32_t>(4 * rx_batch, 256);
+    ntx_ = 256;
+    slot_size_ = (prefix_ + max_payload_ + 63) & ~size_t(63);
+    buf_.resize(slot_size_ * (nrx_ + ntx_));
+    ctx_.resize(nrx_ + ntx_);
+    if (info_->domain_attr->mr_mode & FI_MR_LOCAL) {
+      if ((r = fi_mr_reg(domain_, buf_.data(), buf_.size(), FI_SEND | FI_RECV, 0, 0, 0, &mr_,
+                         nullptr)))
+        return fail("fi_mr_reg", r);
+      desc_ = fi_mr_desc(mr_);
+    }
+    fi_av_attr av_attr{};
+    if ((r = fi_av_open(domain_, &av_attr, &av_, nullptr))) return fail("fi_av_open", r);
+    // A CQ with a wait fd lets the progress thread sleep in poll; providers
+    // without one are polled on a short period (context.cpp).
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_MSG;
+    cq_attr.size = nrx_ + ntx_;
+    cq_attr.wait_obj = FI_WAIT_FD;
+    if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) == 0) {
+      if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
+    } else {
+      cq_attr.wait_obj = FI_WAIT_NONE;
+      if ((r = fi_cq_open(domain_, &cq_attr, &cq_, nullptr))) return fail("fi_cq_open", r);
+    }
+    if ((r = fi_endpoint(domain_, info_, &ep_, nullptr))) return fail("fi_endpoint", r);
+    if ((r = fi_ep_bind(ep_, &av_->fid, 0))) return fail("fi_ep_bind av", r);
+    if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) return fail("fi_ep_bind cq", r);
+    if ((r = fi_enable(ep_))) return fail("fi_enable", r);
+    for (uint32_t s = 0; s < nrx_; s++) post_rx(s);
+    for (uint32_t s = nrx_; s < nrx_ + ntx_; s++) free_tx_.push_back(s);
+    return 0;
+  }
+  size_t max_payload() const { return max_payload_; }
+
+ private:
+  static constexpr size_t kMaxDatagram = 4096 + 128;
+  struct Ready {
+    uint32_t slot;
+    Endpoint src;
+    size_t len;
+  };
+
+  uint8_t *slot(uint32_t s) { return buf_.data() + size_t(s) * slot_size_; }
+  uint32_t slot_of(void *op_context) {
+    return static_cast<uint32_t>(static_cast<fi_context *>(op_context) - ctx_.data());
+  }
+  void post_rx(uint32_t s) {
+    // A full receive queue only means fewer buffers; nothing is lost but capacity.
+    (void)fi_recv(ep_, slot(s), prefix_ + max_payload_, desc_, FI_ADDR_UNSPEC, &ctx_[s]);
+  }
+
+  fi_addr_t lookup(Endpoint e) {
+    auto it = addr_.find(key(e));
+    if (it != addr_.end()) return it->second;
+    sockaddr_in sa = to_sockaddr(e);
+    fi_addr_t fa = FI_ADDR_NOTAVAIL;
+    if (fi_av_insert(av_, &sa, 1, &fa, 0, nullptr) != 1) return FI_ADDR_NOTAVAIL;
+    addr_[key(e)] = fa;
+    peer_[fa] = e;
+    return fa;
+  }
+
+  // Reads completions: finished sends free their slot; receives queue up
+  // for recv(), their source mapped back from the AV.
+  void drain_cq() {
+    fi_cq_msg_entry ent[64];
+    fi_addr_t src[64];
+    for (;;) {
+      ssize_t n = fi_cq_readfrom(cq_, ent, 64, src);
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry e{};
+        if (fi_cq_readerr(cq_, &e, 0) == 1 && e.op_context) {
+          uint32_t s = slot_of(e.op_context);
+          if (s >= nrx_) free_tx_.push_back(s);
+          else post_rx(s);
+        }
+        continue;
+      }
+      if (n <= 0) return;
+      for (ssize_t i = 0; i < n; i++) {
+        uint32_t s = slot_of(ent[i].op_context);
+        if (s >= nrx_) {
+          free_tx_.push_back(s);
+          continue;
+        }
+        auto it = peer_.find(src[i]);
+        if (it == peer_.end() || ent[i].len < prefix_) {
+          post_rx(s);   // an unknown sender: no QP of ours expects it
+          continue;
+        }
+        ready_.push_back({s, it->second, ent[i].len - prefix_});
+      }
+      if (n < 64) return;
+    }
+  }
+
+  Endpoint local_;
+  fi_info *info_ = nullptr;
+  fid_fabric *fabric_ = nullptr;
+  fid_domain *domain_ = nullptr;
+  fid_av *av_ = nullptr;
+  fid_cq *cq_ = nullptr;
+  fid_ep *ep_ = nullptr;
+  fid_mr *mr_ = nullptr;
+  void *desc_ = nullptr;
+  int wait_fd_ = -1;
+  size_t prefix_ = 0, max_payload_ = 0, slot_size_ = 0;
+  uint32_t nrx_ = 0, ntx_ = 0;
+  std::vector<uint8_t> buf_;
+  std::vector<fi_context> ctx_;          // one per buffer slot: op_context names the slot
+  std::vector<uint32_t> free_tx_, handed_out_;
+  std::vector<Ready> ready_;
+  std::unordered_map<uint64_t, fi_addr_t> addr_;
+  std::unordered_map<fi_addr_t, Endpoint> peer_;
+};
+
+}  // namespace
+
+std::unique_ptr<Nic> open_ofi_nic(Endpoint local, const std::string &prov, uint32_t rx_batch,
+                                  size_t *max_payload, int *errno_out, std::string *err) {
+  // libfabric's verbs provider opens every verbs device while fi_getinfo
+  // holds libfabric's init lock, usrc devices included: that nested open
+  // would call fi_getinfo again and deadlock. Refuse it; verbs skips us.
+  static thread_local bool in_getinfo = false;
+  if (in_getinfo) {
+    *errno_out = EBUSY;
+    err->clear();   // quietly: libfabric probes every device this way
+    return nullptr;
+  }
+  auto nic = std::make_unique<OfiNic>();
+  in_getinfo = true;
+  int r = nic->init(local, prov, rx_batch ? rx_batch : 32, err);
+  in_getinfo = false;
+  *errno_out = r < 0 ? -r : 0;
+  if (r) return nullptr;
+  *max_payload = nic->max_payload();
+  return nic;
+}
+
+}  // namespace usrc::net

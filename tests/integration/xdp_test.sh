@@ -1,0 +1,47 @@
+#!/bin/bash
+# The AF_XDP backend between two network namespaces over a veth pair:
+# stock ibv_rc_pingpong and ib_write_bw with both sides on xdp, then one side
+# on xdp against the other on udp (the same wire). Exit 77 where AF_XDP
+# cannot run (no root, built without libbpf).
+# Usage: xdp_test.sh USRC_CLI PROVIDER_SO [VERBS_TESTS]
+USRC=$1 USRC_PROVIDER=$2
+. "$(dirname "$0")/lib.sh"
+[ "$(id -u)" = 0 ] || { echo "needs root (namespaces, XDP)"; exit 77; }
+A=xdpA$$ B=xdpB$$
+new_root
+cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; rm -rf "$USRC_ROOT" "${OUT:-/nonexistent}"*; }
+trap cleanup EXIT
+ip netns add $A && ip netns add $B || fail "netns"
+ip link add xa$$ netns $A type veth peer name xb$$ netns $B || fail "veth"
+ip -n $A addr add 10.203.0.1/24 dev xa$$ && ip -n $B addr add 10.203.0.2/24 dev xb$$
+for ns in $A $B; do ip -n $ns link set lo up; done
+ip -n $A link set xa$$ up && ip -n $B link set xb$$ up
+# One device root serves both namespaces: names differ per side. All use
+# base port 20000, so a QPN-derived port means the same on both sides.
+ip netns exec $A "$USRC" link add da netdev xa$$ backend xdp || fail "link add A xdp"
+ip netns exec $B "$USRC" link add db netdev xb$$ backend xdp || fail "link add B xdp"
+ip netns exec $A "$USRC" link add ua netdev xa$$ || fail "link add A udp"
+ip netns exec $B "$USRC" link add ub netdev xb$$ || fail "link add B udp"
+probe=$(ip netns exec $A timeout 20 "$USRC" exec -- ibv_devinfo -d da 2>&1)
+if echo "$probe" | grep -q "built without"; then echo "$probe"; exit 77; fi
+OUT=$(mktemp /tmp/usrc-out.XXXXXX)
+# pair NAME SERVER_DEV(B) CLIENT_DEV(A) PROGRAM ARGS...
+pair() {
+  local name=$1 sdev=$2 cdev=$3 port; port=$(pick_port); shift 3
+  ip netns exec $B timeout 60 "$USRC" exec -- "$@" -d $sdev -p $port >"$OUT.srv" 2>&1 &
+  wait_listen $B $port || fail "$name: server did not listen"
+  note "$name: $(ip -n $B -d link show xb$$ | grep -o 'prog/xdp[a-z]*' | head -1) on xb$$"
+  ip netns exec $A timeout 60 "$USRC" exec -- "$@" -d $cdev -p $port 10.203.0.2 >"$OUT.cli" 2>&1
+  local crc=$?; wait $!; local src=$?
+  [ $crc = 0 ] && [ $src = 0 ] || { cat "$OUT.srv" "$OUT.cli"; fail "$name"; }
+  note "$name: $(grep -h 'bytes in' "$OUT.cli")"
+}
+pair "xdp-xdp pingpong -c" db da ibv_rc_pingpong -c -n 2000
+pair "xdp-xdp pingpong -e" db da ibv_rc_pingpong -e -s 16384
+pair "xdp-xdp ib_write_bw" db da ib_write_bw -s 65536 -n 1000 -F
+grep -h "^ 65536" "$OUT.cli"
+pair "xdp (B) - udp (A) pingpong -c" db ua ibv_rc_pingpong -c -n 1000
+pair "udp (B) - xdp (A) pingpong -c" ub da ibv_rc_pingpong -c -n 1000
+pair "xdp (B) - udp (A) ib_write_bw" db ua ib_write_bw -s 65536 -n 1000 -F
+grep -h "^ 65536" "$OUT.cli"
+echo PASS

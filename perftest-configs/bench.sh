@@ -176,14 +176,14 @@ unset NSX
 
 # ---- plots
 {
-  echo "# size ib_send_lat ib_write_lat ib_read_lat sockperf ofi_rxd ofi_tcp (us, one way)"
+  echo "size ib_send_lat ib_write_lat ib_read_lat sockperf ofi_rxd ofi_tcp"   # us, one way
   for s in $LAT_SIZES; do
     echo "$s ${R[ib_send_lat/$s]} ${R[ib_write_lat/$s]} ${R[ib_read_lat/$s]} ${R[sockperf/$s]:-NaN} ${R[ofi_rxd/$s]:-NaN} ${R[tcp/$s]:-NaN}"
   done
 } >"$OUT/lat.dat"
 mibs() { awk -v v="$1" 'BEGIN { if (v == "NaN" || v == "") print "NaN"; else printf "%.3f", v * 1048576 * 8 / 1e9 }'; }
 {
-  echo "# size ib_send_bw ib_write_bw ib_read_bw udp_sendmmsg udp_gso_gro (Gbit/s)"
+  echo "size ib_send_bw ib_write_bw ib_read_bw udp_sendmmsg udp_gso_gro"   # Gbit/s
   for s in $BW_SIZES; do
     echo "$s $(mibs ${R[ib_send_bw/$s]}) $(mibs ${R[ib_write_bw/$s]}) $(mibs ${R[ib_read_bw/$s]}) ${R[udp/$s]} ${R[gso/$s]}"
   done
@@ -193,7 +193,7 @@ set terminal pngcairo size 900,600
 set logscale x 2
 set format x "%.0b%B"
 set xlabel "message size (bytes)"
-set key left top
+set key left top noenhanced
 set grid
 set datafile missing "NaN"
 set output "$OUT/latency.png"

@@ -151,9 +151,10 @@ done
 
 # ---- idle CPU of a connected, silent QP pair; RSS per QP at depth 128
 "$USRC" exec -- "$QPIDLE" -d $DEV -n 2 -q 128 -t $IDLE >"$LOG/qpidle-2" 2>&1
+"$USRC" exec -- "$QPIDLE" -d $DEV -n 1 -q 128 -t 0 >"$LOG/qpidle-1" 2>&1
 "$USRC" exec -- "$QPIDLE" -d $DEV -n 1024 -q 128 -t 0 >"$LOG/qpidle-1024" 2>&1
 field() { sed -n "s/.* $2=\([0-9.-]*\).*/\1/p" "$1" | head -1; }
-R[idle]=$(field "$LOG/qpidle-2" cpu_pct) R[mem/2]=$(field "$LOG/qpidle-2" bytes_per_qp)
+R[idle]=$(field "$LOG/qpidle-2" cpu_pct) R[mem/1]=$(field "$LOG/qpidle-1" bytes_per_qp)
 R[mem/1024]=$(field "$LOG/qpidle-1024" bytes_per_qp) R[mem/1024/kb]=$(field "$LOG/qpidle-1024" rss_kb)
 
 # ---- ib_write_bw 64 KB under 1% random loss: a namespace of its own, its
@@ -244,7 +245,7 @@ row "CPU s/GB, 64 KB send: sender vs UDP GSO sender" \
     "$(awk -v c=${R[cpu/usrc/cli]:-0} -v g=${R[gb/usrc]} 'BEGIN { printf "%.3f", c / g }')" \
     "$(awk -v c=${R[cpu/gso/cli]:-0} -v g=${R[gb/gso]} 'BEGIN { printf "%.3f", g ? c / g : 0 }')" info
 row "ib_atomic_bw message rate (Mpps)" "${R[ib_atomic_bw/mpps]}" NaN info
-row "RSS per QP, depth 128, 2 QPs (bytes)" "${R[mem/2]}" NaN info
+row "RSS of 1 QP, depth 128 (bytes)" "${R[mem/1]}" NaN info
 row "RSS per QP, depth 128, 1024 QPs (bytes)" "${R[mem/1024]}" NaN info
 echo "1% loss: nftables dropped ${R[loss/drops]} packets; 1024 QPs added ${R[mem/1024/kb]} KB RSS"
 echo "load average after the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"

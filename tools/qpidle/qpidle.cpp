@@ -2,6 +2,7 @@
 // Creates N RC QPs (send and receive depth D) on a device, measures the RSS
 // they added, connects QP 0 and QP 1 to each other, sleeps, and reports the
 // CPU time the whole process (progress thread included) used while idle.
+// With -n 1 the lone QP stays in RESET.
 //
 //   usrc exec -- qpidle [-d DEV] [-n N] [-q DEPTH] [-t SECONDS]
 //   qpidle qps=N depth=D rss_kb=K bytes_per_qp=B idle_s=S cpu_s=C cpu_pct=P
@@ -81,7 +82,7 @@ int main(int argc, char **argv) {
       case 't': secs = atof(optarg); break;
       default: fprintf(stderr, "usage: qpidle [-d DEV] [-n QPS] [-q DEPTH] [-t SECONDS]\n"); return 1;
     }
-  if (nqp < 2) nqp = 2;
+  if (nqp < 1) nqp = 1;
   int n = 0;
   ibv_device **list = ibv_get_device_list(&n);
   if (!list || n == 0) die("finding a device (run under `usrc exec`)");
@@ -106,8 +107,10 @@ int main(int argc, char **argv) {
     if (!qp) die("create_qp");
     qps.push_back(qp);
   }
-  connect(qps[0], qps[1]->qp_num, port, ctx);
-  connect(qps[1], qps[0]->qp_num, port, ctx);
+  if (nqp >= 2) {
+    connect(qps[0], qps[1]->qp_num, port, ctx);
+    connect(qps[1], qps[0]->qp_num, port, ctx);
+  }
   long added = rss_kb() - before;
 
   double c0 = cpu_s();

@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
   usleep(static_cast<useconds_t>(secs * 1e6));
   double c = cpu_s() - c0;
   printf("qpidle qps=%d depth=%u rss_kb=%ld bytes_per_qp=%ld idle_s=%.1f cpu_s=%.4f cpu_pct=%.3f\n",
-         nqp, depth, added, added * 1024 / nqp, secs, c, 100 * c / secs);
+         nqp, depth, added, added * 1024 / nqp, secs, c, secs > 0 ? 100 * c / secs : 0.0);
   for (ibv_qp *qp : qps) ibv_destroy_qp(qp);
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);

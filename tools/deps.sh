@@ -13,3 +13,13 @@ if [ -n "$missing" ]; then
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing
 fi
+
+# Benchmark comparison tools (perftest-configs/bench.sh): raw UDP ping-pong,
+# libfabric's rxd/tcp pingpong, plots, per-process CPU time.
+BENCH_PKGS="sockperf libfabric-bin gnuplot-nox time"
+missing=$(for p in $BENCH_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$missing" ]; then
+  [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+fi

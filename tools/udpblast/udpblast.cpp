@@ -1,0 +1,169 @@
+// udpblast: the kernel's UDP floor on one path, for side-by-side benchmarks.
+// The receiver reports what it saw (Gbit/s of payload, Mpps of messages);
+// the sender batches as well as the kernel allows: sendmmsg, and with -g
+// UDP GSO (segment = message size, up to 64 KB per datagram train), the
+// receiver recvmmsg and with -g UDP GRO.
+//
+//   udpblast -s [-p PORT] [-g] [-t SECONDS]             receive, print a line
+//   udpblast -c HOST [-p PORT] [-m SIZE] [-g] [-t SECONDS]   send for SECONDS
+//
+// Messages larger than one datagram (65507 bytes) are sent as 65507-byte
+// datagrams. The receiver stops 0.5 s after traffic stops (or after
+// SECONDS + 5 with no traffic at all) and prints
+//   udpblast rx bytes=B msgs=N secs=S gbps=G mpps=M
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kMaxDgram = 65507, kBatch = 64, kBuf = 65536;
+
+[[noreturn]] void die(const char *what) {
+  perror(what);
+  exit(1);
+}
+
+void big_buffers(int fd) {
+  int sz = 16 << 20;
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof sz) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+}
+
+int receive(int port, bool gro, double secs) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) die("socket");
+  big_buffers(fd);
+  int one = 1;
+  if (gro && setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one) != 0) die("UDP_GRO");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) die("bind");
+  timeval tv{0, 100000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  printf("udpblast listening on %d\n", port);
+  fflush(stdout);
+
+  std::vector<char> buf(kBatch * kBuf);
+  std::vector<iovec> iov(kBatch);
+  std::vector<mmsghdr> m(kBatch);
+  std::vector<char> ctl(kBatch * CMSG_SPACE(sizeof(int)));
+  uint64_t bytes = 0, msgs = 0;
+  Clock::time_point first{}, last{};
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(secs + 5));
+  for (;;) {
+    for (size_t i = 0; i < kBatch; i++) {
+      iov[i] = {buf.data() + i * kBuf, kBuf};
+      m[i].msg_hdr = {};
+      m[i].msg_hdr.msg_iov = &iov[i];
+      m[i].msg_hdr.msg_iovlen = 1;
+      m[i].msg_hdr.msg_control = ctl.data() + i * CMSG_SPACE(sizeof(int));
+      m[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(int));
+    }
+    int n = recvmmsg(fd, m.data(), kBatch, 0, nullptr);
+    auto now = Clock::now();
+    if (n <= 0) {
+      if (bytes ? now - last > std::chrono::milliseconds(500) : now > give_up) break;
+      continue;
+    }
+    if (!bytes) first = now;
+    last = now;
+    for (int i = 0; i < n; i++) {
+      size_t len = m[i].msg_len, seg = 0;
+      for (cmsghdr *c = CMSG_FIRSTHDR(&m[i].msg_hdr); c; c = CMSG_NXTHDR(&m[i].msg_hdr, c))
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) seg = *reinterpret_cast<int *>(CMSG_DATA(c));
+      bytes += len;
+      msgs += seg ? (len + seg - 1) / seg : 1;
+    }
+  }
+  double s = std::chrono::duration<double>(last - first).count();
+  if (s <= 0) s = 1e-9;
+  printf("udpblast rx bytes=%llu msgs=%llu secs=%.3f gbps=%.3f mpps=%.4f\n",
+         static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(msgs), s,
+         bytes * 8 / s / 1e9, msgs / s / 1e6);
+  return bytes ? 0 : 2;
+}
+
+int send_to(const char *host, int port, size_t size, bool gso, double secs) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) die("socket");
+  big_buffers(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) die("address");
+  if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) die("connect");
+  size_t seg = size < kMaxDgram ? size : kMaxDgram;
+  // With GSO one send carries up to 64 segments and 64 KB; without, one datagram.
+  size_t per = gso ? std::min<size_t>(64, kMaxDgram / seg) : 1;
+  int gso_size = static_cast<int>(seg);
+  if (per > 1 && setsockopt(fd, SOL_UDP, UDP_SEGMENT, &gso_size, sizeof gso_size) != 0) die("UDP_SEGMENT");
+  size_t batch = per > 1 ? 8 : kBatch;
+  std::vector<char> buf(seg * per, 'u');
+  std::vector<iovec> iov(batch, iovec{buf.data(), buf.size()});
+  std::vector<mmsghdr> m(batch);
+  for (size_t i = 0; i < batch; i++) {
+    m[i].msg_hdr.msg_iov = &iov[i];
+    m[i].msg_hdr.msg_iovlen = 1;
+  }
+  uint64_t sent = 0, errs = 0;
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(secs));
+  while (Clock::now() < end) {
+    int n = sendmmsg(fd, m.data(), batch, 0);
+    if (n < 0) errs++;  // ECONNREFUSED/ENOBUFS: keep going, the receiver counts
+    else sent += n * buf.size();
+  }
+  double s = std::chrono::duration<double>(Clock::now() - start).count();
+  printf("udpblast tx bytes=%llu secs=%.3f gbps=%.3f errors=%llu seg=%zu gso=%zu\n",
+         static_cast<unsigned long long>(sent), s, sent * 8 / s / 1e9,
+         static_cast<unsigned long long>(errs), seg, per);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const char *host = nullptr;
+  bool server = false, gso = false;
+  int port = 19999;
+  size_t size = 65536;
+  double secs = 2;
+  int o;
+  while ((o = getopt(argc, argv, "sc:p:m:gt:")) != -1) switch (o) {
+      case 's': server = true; break;
+      case 'c': host = optarg; break;
+      case 'p': port = atoi(optarg); break;
+      case 'm': size = strtoull(optarg, nullptr, 0); break;
+      case 'g': gso = true; break;
+      case 't': secs = atof(optarg); break;
+      default:
+        fprintf(stderr, "usage: udpblast -s [-p PORT] [-g] [-t S] | -c HOST [-p PORT] [-m SIZE] [-g] [-t S]\n");
+        return 1;
+    }
+  if (server == (host != nullptr) || size == 0) {
+    fprintf(stderr, "udpblast: give exactly one of -s or -c HOST, and a size > 0\n");
+    return 1;
+  }
+  return server ? receive(port, gso, secs) : send_to(host, port, size, gso, secs);
+}

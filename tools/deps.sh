@@ -2,7 +2,8 @@
 # Installs what usrc needs to build and test, from Debian 12 packages.
 set -euo pipefail
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest catch2 libspdlog-dev
-      libcli11-dev zlib1g-dev tshark nftables iproute2 python3"
+      libcli11-dev zlib1g-dev tshark nftables iproute2 python3
+      debhelper dpkg-dev fakeroot lintian rpm man-db"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }

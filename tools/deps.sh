@@ -2,8 +2,7 @@
 # Installs what usrc needs to build and test, from Debian 12 packages.
 set -euo pipefail
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest catch2 libspdlog-dev
-      libcli11-dev zlib1g-dev tshark nftables iproute2 python3
-      debhelper dpkg-dev fakeroot lintian rpm man-db"
+      libcli11-dev zlib1g-dev tshark nftables iproute2 python3"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }
@@ -11,4 +10,14 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing
+fi
+
+# Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
+pkg_missing=$(for p in debhelper dpkg-dev fakeroot lintian rpm; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$pkg_missing" ]; then
+  [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $pkg_missing" >&2; exit 1; }
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $pkg_missing
 fi

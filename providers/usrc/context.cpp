@@ -14,6 +14,7 @@
 
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
+#include "usrc/net/pcap.h"
 #include "usrc/net/udp.h"
 #include "usrc/usrc.h"
 
@@ -57,7 +58,10 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   uint32_t per_pkt = cfg.active_mtu + 1024;
   uint32_t window = t.tx_window ? t.tx_window
                                 : std::clamp<uint32_t>(nic->rcvbuf() / (2 * per_pkt), 8, 256);
-  c->engine_ = std::make_unique<rc::Engine>(std::move(nic), slot, cfg.base_port, now_ns,
+  // USRC_TRACE: the NIC is wrapped only when tracing, so it costs nothing off.
+  std::unique_ptr<net::Nic> dev_nic = std::move(nic);
+  if (auto w = net::trace_writer()) dev_nic = std::make_unique<net::PcapNic>(std::move(dev_nic), w);
+  c->engine_ = std::make_unique<rc::Engine>(std::move(dev_nic), slot, cfg.base_port, now_ns,
                                             c.get(), c.get());
   c->engine_->max_window = window;
 

@@ -1,4 +1,5 @@
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 
 #include "cli.h"
 
@@ -42,10 +43,17 @@ int main(int argc, char **argv) {
   stats->add_option("reset_name", reset_name, "with 'reset': the device to zero");
   stats->add_flag("--json,-j", stats_json, "JSON output");
 
-  app.add_subcommand("exec", "run a program with usrc devices visible: exec -- CMD [ARGS]");
+  app.add_subcommand("exec", "run a program with usrc devices visible: exec [--trace FILE] -- CMD [ARGS]");
   // Everything after `exec [--]` belongs to the command, options included.
   if (argc >= 2 && std::string(argv[1]) == "exec") {
-    int first = (argc >= 3 && std::string(argv[2]) == "--") ? 3 : 2;
+    int first = 2;
+    // --trace FILE: the provider writes the program's packets to FILE
+    // (pcap; "%p" becomes the process id), through USRC_TRACE.
+    if (argc >= 4 && std::string(argv[2]) == "--trace") {
+      setenv("USRC_TRACE", argv[3], 1);
+      first = 4;
+    }
+    if (argc > first && std::string(argv[first]) == "--") first++;
     return exec_cmd(std::vector<std::string>(argv + first, argv + argc));
   }
 

@@ -349,7 +349,7 @@ int link_flush(const std::string &config) {
   std::vector<LinkAddArgs> links;
   if (!read_links_conf(config, links)) return 1;
   for (auto &a : links)
-    if (fs::exists(ibdev_dir(a.name) / kConfigFile) && link_del(a.name) != 0) return 1;
+    if (fs::exists(fs::path(ibdev_dir(a.name)) / kConfigFile) && link_del(a.name) != 0) return 1;
   return 0;
 }
 

@@ -38,7 +38,7 @@ class Nic {
   // A file descriptor that becomes readable when packets arrive (for the
   // progress thread's poll), or -1 if the backend has none.
   virtual int wait_fd() const = 0;
-  // Sends as many packets as it can; returns how many left.
+  // Sends as many packets as it can, in order; returns how many it sent.
   virtual size_t send(std::span<const TxPacket> pkts) = 0;
   // Non-blocking: fills up to out.size() packets, returns how many.
   virtual size_t recv(std::span<RxPacket> out) = 0;

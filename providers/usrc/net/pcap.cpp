@@ -73,10 +73,9 @@ void PcapWriter::write(Endpoint src, Endpoint dst, const iovec *iov, size_t iovc
 }
 
 size_t PcapNic::send(std::span<const TxPacket> pkts) {
-  size_t left = inner_->send(pkts);
-  for (size_t i = 0; i < pkts.size() - left; i++)
-    w_->write(local(), pkts[i].dst, pkts[i].iov, pkts[i].iovcnt);
-  return left;
+  size_t sent = inner_->send(pkts);   // the first `sent` went out
+  for (size_t i = 0; i < sent; i++) w_->write(local(), pkts[i].dst, pkts[i].iov, pkts[i].iovcnt);
+  return sent;
 }
 
 size_t PcapNic::recv(std::span<RxPacket> out) {

@@ -23,7 +23,7 @@ wait $spid || fail "server"
 
 rows=$(tshark -r "$TRACE" -T fields -e infiniband.bth.opcode -e infiniband.bth.psn -e udp.srcport 2>/dev/null)
 [ -n "$rows" ] || fail "tshark found no InfiniBand packets in $TRACE"
-echo "$rows" | sort | uniq -c -w 3 | head; echo "$rows" | head -8
+echo "$rows" | head -6
 echo "$rows" | awk '
   $1 == 4  { sends++; if (($3 in last) && $2 <= last[$3]) bad = "SEND PSNs of port " $3 " not increasing"; last[$3] = $2 }
   $1 == 17 { acks++ }

@@ -18,9 +18,14 @@ WORK=$(mktemp -d /tmp/usrc-pkg.XXXXXX)
 ROOT=$(mktemp -d /tmp/usrc-pkgroot.XXXXXX); chmod 755 "$ROOT"
 installed=0
 cleanup() {
-  [ $installed = 1 ] && { USRC_ROOT=$ROOT usrc link del usrc0 >/dev/null 2>&1; apt-get purge -y -qq usrc >/dev/null 2>&1; }
-  kill "${spid:-}" 2>/dev/null
+  local rc=$?
+  if [ $installed = 1 ]; then
+    USRC_ROOT=$ROOT usrc link del usrc0 >/dev/null 2>&1
+    apt-get purge -y -qq usrc >/dev/null 2>&1
+  fi
+  [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
   rm -rf "$WORK" "$ROOT"
+  exit $rc
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }

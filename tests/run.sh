@@ -7,3 +7,8 @@ tools/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2
 ctest --test-dir build --output-on-failure -j1 --timeout 600
+# CI only (it installs and purges the usrc package, machine-wide): build the
+# .deb and the .rpm, lintian, pingpong against the installed package.
+if [ "${CI:-}" = true ]; then
+  tests/packaging/package_test.sh
+fi

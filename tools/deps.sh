@@ -5,6 +5,11 @@ PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catc
       libcli11-dev zlib1g-dev tshark nftables iproute2 python3"
 # NIC backends: libfabric (ofi), AF_XDP (xdp).
 PKGS="$PKGS libfabric-dev libfabric-bin libbpf-dev"
+# Benchmark comparison tools (perftest-configs/bench.sh): raw UDP ping-pong,
+# libfabric's rxd/tcp pingpong, plots, per-process CPU time.
+PKGS="$PKGS sockperf gnuplot-nox time"
+# Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
+PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }
@@ -12,14 +17,4 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   # shellcheck disable=SC2086
   apt-get install -y -qq --no-install-recommends $missing
-fi
-
-# Benchmark comparison tools (perftest-configs/bench.sh): raw UDP ping-pong,
-# libfabric's rxd/tcp pingpong, plots, per-process CPU time.
-BENCH_PKGS="sockperf libfabric-bin gnuplot-nox time"
-missing=$(for p in $BENCH_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
-if [ -n "$missing" ]; then
-  [ "$(id -u)" = 0 ] || { echo "usrc: need root to install: $missing" >&2; exit 1; }
-  # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
 fi

@@ -12,6 +12,13 @@ struct LinkAddArgs {
 };
 int link_add(const LinkAddArgs &a);
 int link_del(const std::string &name);
+// Devices that survive a reboot: /etc/usrc/links.conf, one `NAME netdev IF
+// [type ib|roce] [port P]` per line, '#' comments. restore adds the missing
+// ones (idempotent); flush removes the ones named there.
+int link_restore(const std::string &config);
+int link_flush(const std::string &config);
+int parse_link_words(const std::vector<std::string> &words, LinkAddArgs &a);
+inline constexpr const char *kLinksConf = "/etc/usrc/links.conf";
 int link_show(const std::string &name, bool json);
 int stats_show(const std::string &name, bool json);
 int stats_reset(const std::string &name);

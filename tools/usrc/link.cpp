@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <regex>
 
 #include "cli.h"
@@ -271,6 +273,94 @@ int link_del(const std::string &name) {
   } catch (const std::exception &e) {
     return fail(e.what());
   }
+  return 0;
+}
+
+// `netdev IF [type ib|roce] [port P]`, iproute2 style.
+int parse_link_words(const std::vector<std::string> &words, LinkAddArgs &a) {
+  for (size_t i = 0; i < words.size(); i++) {
+    const std::string &k = words[i];
+    if (i + 1 >= words.size()) {
+      fprintf(stderr, "usrc: '%s' needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string &v = words[++i];
+    if (k == "netdev") a.netdev = v;
+    else if (k == "type") a.type = v;
+    else if (k == "backend") a.backend = v;
+    else if (k == "provider") a.provider = v;
+    else if (k == "port") {
+      try {
+        a.port = std::stoi(v);
+      } catch (...) {
+        fprintf(stderr, "usrc: bad port '%s'\n", v.c_str());
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usrc: unknown keyword '%s' (expected netdev, type, port, backend, provider)\n",
+              k.c_str());
+      return 2;
+    }
+  }
+  if (a.netdev.empty()) {
+    fprintf(stderr, "usrc: link needs 'netdev IFNAME'\n");
+    return 2;
+  }
+  return 0;
+}
+
+namespace {
+
+// The config's lines as link-add arguments; false (after a message) on a
+// bad line, so that a typo never half-applies a config.
+bool read_links_conf(const std::string &path, std::vector<LinkAddArgs> &out) {
+  std::ifstream f(path);
+  if (!f) {
+    fprintf(stderr, "usrc: cannot read %s\n", path.c_str());
+    return false;
+  }
+  std::string line;
+  for (int lineno = 1; std::getline(f, line); lineno++) {
+    if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
+    std::istringstream ws(line);
+    std::vector<std::string> words{std::istream_iterator<std::string>(ws), {}};
+    if (words.empty()) continue;
+    LinkAddArgs a;
+    a.name = words[0];
+    if (parse_link_words({words.begin() + 1, words.end()}, a) != 0) {
+      fprintf(stderr, "usrc: %s:%d: expected NAME netdev IF [type ib|roce] [port P] [backend B]\n",
+              path.c_str(), lineno);
+      return false;
+    }
+    out.push_back(a);
+  }
+  return true;
+}
+
+}  // namespace
+
+int link_restore(const std::string &config) {
+  std::vector<LinkAddArgs> links;
+  if (!read_links_conf(config, links)) return 1;
+  int rc = 0;
+  for (auto &a : links) {
+    std::string err;
+    if (auto c = DeviceConfig::load(a.name, &err)) {
+      LinkLayer ll = a.type == "ib" ? LinkLayer::ib : LinkLayer::roce;
+      if (c->netdev != a.netdev || c->link_layer != ll || c->base_port != a.port)
+        fprintf(stderr, "usrc: %s exists with other settings; left as it is\n", a.name.c_str());
+      continue;
+    }
+    if (link_add(a) != 0) rc = 1;   // try the others: one bad netdev must not hide the rest
+  }
+  return rc;
+}
+
+int link_flush(const std::string &config) {
+  std::vector<LinkAddArgs> links;
+  if (!read_links_conf(config, links)) return 1;
+  for (auto &a : links)
+    if (fs::exists(fs::path(ibdev_dir(a.name)) / kConfigFile) && link_del(a.name) != 0) return 1;
   return 0;
 }
 

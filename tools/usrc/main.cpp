@@ -1,4 +1,5 @@
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 
 #include "cli.h"
 
@@ -22,6 +23,12 @@ int main(int argc, char **argv) {
   auto *ldel = link->add_subcommand("del", "remove a device");
   ldel->add_option("name", del_name, "device name")->required();
 
+  std::string config = kLinksConf;
+  auto *lrestore = link->add_subcommand("restore", "add the devices listed in a config file (idempotent)");
+  lrestore->add_option("--config,-c", config, "config file")->capture_default_str();
+  auto *lflush = link->add_subcommand("flush", "remove the devices listed in a config file");
+  lflush->add_option("--config,-c", config, "config file")->capture_default_str();
+
   std::string show_name;
   bool json = false;
   auto *lshow = link->add_subcommand("show", "list devices");
@@ -36,10 +43,17 @@ int main(int argc, char **argv) {
   stats->add_option("reset_name", reset_name, "with 'reset': the device to zero");
   stats->add_flag("--json,-j", stats_json, "JSON output");
 
-  app.add_subcommand("exec", "run a program with usrc devices visible: exec -- CMD [ARGS]");
+  app.add_subcommand("exec", "run a program with usrc devices visible: exec [--trace FILE] -- CMD [ARGS]");
   // Everything after `exec [--]` belongs to the command, options included.
   if (argc >= 2 && std::string(argv[1]) == "exec") {
-    int first = (argc >= 3 && std::string(argv[2]) == "--") ? 3 : 2;
+    int first = 2;
+    // --trace FILE: the provider writes the program's packets to FILE
+    // (pcap; "%p" becomes the process id), through USRC_TRACE.
+    if (argc >= 4 && std::string(argv[2]) == "--trace") {
+      setenv("USRC_TRACE", argv[3], 1);
+      first = 4;
+    }
+    if (argc > first && std::string(argv[first]) == "--") first++;
     return exec_cmd(std::vector<std::string>(argv + first, argv + argc));
   }
 
@@ -59,37 +73,12 @@ int main(int argc, char **argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*ladd) {
-    // `link add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]`, iproute2 style.
-    for (size_t i = 0; i < words.size(); i++) {
-      const std::string &k = words[i];
-      if (i + 1 >= words.size()) {
-        fprintf(stderr, "usrc: '%s' needs a value\n", k.c_str());
-        return 2;
-      }
-      const std::string &v = words[++i];
-      if (k == "netdev") add.netdev = v;
-      else if (k == "type") add.type = v;
-      else if (k == "backend") add.backend = v;
-      else if (k == "provider") add.provider = v;
-      else if (k == "port") {
-        try {
-          add.port = std::stoi(v);
-        } catch (...) {
-          fprintf(stderr, "usrc: bad port '%s'\n", v.c_str());
-          return 2;
-        }
-      } else {
-        fprintf(stderr, "usrc: unknown keyword '%s' (expected netdev, type, port, backend, provider)\n", k.c_str());
-        return 2;
-      }
-    }
-    if (add.netdev.empty()) {
-      fprintf(stderr, "usrc: link add needs 'netdev IFNAME'\n");
-      return 2;
-    }
+    if (int rc = parse_link_words(words, add)) return rc;
     return link_add(add);
   }
   if (*ldel) return link_del(del_name);
+  if (*lrestore) return link_restore(config);
+  if (*lflush) return link_flush(config);
   if (*lshow) return link_show(show_name, json);
   if (*stats) {
     if (stats_name == "reset") return stats_reset(reset_name);

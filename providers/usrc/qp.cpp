@@ -184,7 +184,9 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
     return EINVAL;
   if (mask & IBV_QP_AV) {
     const ibv_ah_attr &ah = attr->ah_attr;
-    if (ah.sl > 15 || (ah.static_rate && ibv_rate_to_mbps(ibv_rate(ah.static_rate)) <= 0) ||
+    // The port's LMC is 0: no source path bits (IBA 7.11.1).
+    if (ah.sl > 15 || ah.src_path_bits != 0 ||
+        (ah.static_rate && ibv_rate_to_mbps(ibv_rate(ah.static_rate)) <= 0) ||
         (ah.is_global && ah.grh.flow_label > 0xfffff))
       return EINVAL;
   }

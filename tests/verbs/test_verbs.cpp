@@ -964,6 +964,9 @@ TEST_CASE("QP attributes: out-of-range values refused, pacing attributes reporte
   bad.ah_attr.sl = 16;
   CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
   bad = at;
+  bad.ah_attr.src_path_bits = 1;   // LMC 0: no path bits
+  CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
+  bad = at;
   bad.ah_attr.static_rate = 99;
   CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);
   bad = at;

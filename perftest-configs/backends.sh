@@ -22,7 +22,7 @@ ip -n $A link set va$$ up && ip -n $B link set vb$$ up
 
 # run NS_SRV DEV_SRV NS_CLI DEV_CLI PROGRAM ARGS: prints the client's result line.
 run() {
-  local sns=$1 sdev=$2 cns=$3 cdev=$4 port=$((30000 + RANDOM % 20000)) i; shift 4
+  local sns=$1 sdev=$2 cns=$3 cdev=$4 port=$((10000 + RANDOM % 15000)) i; shift 4
   ip netns exec $sns timeout 120 "$USRC" exec -- "$@" -d $sdev -p $port >"$TMP/srv" 2>&1 &
   for i in $(seq 100); do ip netns exec $sns ss -ltn | grep -q ":$port " && break; sleep 0.1; done
   ip netns exec $cns timeout 120 "$USRC" exec -- "$@" -d $cdev -p $port 10.202.0.2 >"$TMP/cli" 2>&1

@@ -55,7 +55,7 @@ else
 fi
 echo "bench: output in $OUT; load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 
-port=$((30000 + RANDOM % 20000))
+port=$((10000 + RANDOM % 15000))
 cpu() { awk '{ printf "%.3f", $1 + $2 }' "$1" 2>/dev/null; }   # user+sys from /usr/bin/time
 # pair NAME CMD... : server and client of a TCP-rendezvous program; logs in
 # $LOG/NAME.{srv,cli}, CPU seconds in $LOG/NAME.{srv,cli}.cpu. $PEER is the

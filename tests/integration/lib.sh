@@ -11,8 +11,17 @@ new_root() {
   chmod 755 "$USRC_ROOT"
 }
 
-# Random-ish TCP port for the pingpong's out-of-band exchange.
-pick_port() { echo $(( 30000 + RANDOM % 20000 )); }
+# A free TCP port for the pingpong's out-of-band exchange, below the
+# kernel's ephemeral range (32768 and up), where earlier clients' sockets
+# may still hold ports.
+pick_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$(( 10000 + RANDOM % 15000 ))
+    ss -Htan "sport = :$p" 2>/dev/null | grep -q . || { echo $p; return; }
+  done
+  echo $p
+}
 
 wait_listen() {   # wait_listen [netns] port
   local ns=$1 port=$2 i

@@ -4,7 +4,7 @@
 set -u
 B=$1
 for g in "" -g; do
-  port=$(( 30000 + RANDOM % 20000 ))
+  port=$(( 10000 + RANDOM % 15000 ))
   out=$(mktemp)
   timeout 20 "$B" -s -p $port $g -t 1 >"$out" &
   spid=$!

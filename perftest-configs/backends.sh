@@ -19,6 +19,11 @@ ip link add va$$ netns $A type veth peer name vb$$ netns $B || exit 1
 ip -n $A addr add 10.202.0.1/24 dev va$$ && ip -n $B addr add 10.202.0.2/24 dev vb$$
 for ns in $A $B; do ip -n $ns link set lo up; done
 ip -n $A link set va$$ up && ip -n $B link set vb$$ up
+# The usrc port follows the netdev's carrier: wait until both ends are up.
+for i in $(seq 50); do
+  ip -n $A link show va$$ | grep -q "state UP" && ip -n $B link show vb$$ | grep -q "state UP" && break
+  sleep 0.1
+done
 
 # run NS_SRV DEV_SRV NS_CLI DEV_CLI PROGRAM ARGS: prints the client's result line.
 run() {

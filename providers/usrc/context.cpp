@@ -59,7 +59,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     int e = 0;
     net::Endpoint local{cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)};
     if (cfg.backend == "udp") {
-      auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, &e, err);
+      auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, t.gso, &e, err);
       if (u) rcvbuf = u->rcvbuf();
       nic = std::move(u);
     } else if (cfg.backend == "ofi") {

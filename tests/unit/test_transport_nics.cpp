@@ -112,7 +112,7 @@ void run_backend(const char *name, Opener open) {
 TEST_CASE("transport over the udp backend", "[nic]") {
   run_backend("udp", [](net::Endpoint e, std::string *err) -> std::unique_ptr<net::Nic> {
     int en = 0;
-    return net::UdpNic::open(e, 4 << 20, 32, &en, err);
+    return net::UdpNic::open(e, 4 << 20, 32, 64, &en, err);
   });
 }
 

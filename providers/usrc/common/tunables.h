@@ -13,6 +13,9 @@ namespace usrc {
   X(uint32_t, sock_buf, "USRC_SOCK_BUF", 8u << 20,                                         \
     "UDP socket send/receive buffer in bytes (root may exceed net.core.rmem_max)")         \
   X(uint32_t, rx_batch, "USRC_RX_BATCH", 32, "Datagrams received per recvmmsg call")       \
+  X(uint32_t, gso, "USRC_GSO", 64,                                                         \
+    "UDP backend: the most packets sent as one UDP GSO send, up to 64 (0 or 1: no GSO and"  \
+    " no GRO)")                                                                            \
   X(uint32_t, retransmit_cap, "USRC_RETRANSMIT_CAP", 256,                                  \
     "Max packets one QP (re)transmits per progress pass")                                  \
   X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 0,                                        \

@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -26,6 +27,11 @@ struct TxPacket {
   uint8_t tos = 0;     // IP TOS byte (DSCP and ECN)
   uint8_t ttl = 0;     // IP TTL; 0: the system default
   uint16_t src_port = 0;  // UDP source port; 0: local().port
+  // Segmentation offload: 0, one datagram; else the iovecs hold several
+  // datagrams of gso_size bytes each (the last may be shorter), sent as one
+  // (UDP GSO). Only when the backend's gso_segments() is above 1.
+  uint16_t gso_size = 0;
+  uint16_t segs = 1;   // datagrams in this packet
 };
 
 struct RxPacket {
@@ -41,15 +47,41 @@ class Nic {
   // A file descriptor that becomes readable when packets arrive (for the
   // progress thread's poll), or -1 if the backend has none.
   virtual int wait_fd() const = 0;
-  // Sends as many packets as it can; returns how many were sent (the rest
-  // are dropped: the transport retransmits).
+  // Sends as many packets as it can; returns how many datagrams were sent
+  // (a segmented packet counts its segments; the rest are dropped: the
+  // transport retransmits).
   virtual size_t send(std::span<const TxPacket> pkts) = 0;
-  // Non-blocking: fills up to out.size() packets, returns how many.
+  // Non-blocking: fills up to out.size() datagrams, returns how many. A
+  // backend that receives coalesced datagrams (UDP GRO) hands them out one
+  // by one.
   virtual size_t recv(std::span<RxPacket> out) = 0;
+  // The most datagrams one TxPacket may carry (1: no segmentation offload).
+  virtual uint32_t gso_segments() const { return 1; }
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.
   virtual void add_peer(Endpoint) {}
 };
+
+// Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
+// (gso_size bytes each, the last may be shorter): for backends and
+// decorators that must see datagrams one by one.
+template <class F>
+void for_each_segment(const TxPacket &p, F &&f) {
+  constexpr size_t kMaxPieces = 32;
+  iovec piece[kMaxPieces];
+  size_t i = 0, off = 0;   // position in p.iov
+  for (uint16_t k = 0; i < p.iovcnt; k++) {
+    size_t want = p.gso_size ? p.gso_size : SIZE_MAX, n = 0;
+    while (want && i < p.iovcnt && n < kMaxPieces) {
+      size_t take = std::min(want, p.iov[i].iov_len - off);
+      piece[n++] = {static_cast<uint8_t *>(p.iov[i].iov_base) + off, take};
+      want -= take;
+      off += take;
+      if (off == p.iov[i].iov_len) i++, off = 0;
+    }
+    f(static_cast<const iovec *>(piece), n, k);
+  }
+}
 
 }  // namespace usrc::net

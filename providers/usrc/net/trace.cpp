@@ -61,10 +61,11 @@ std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::stri
 
 TraceNic::~TraceNic() { fclose(f_); }
 
-// One IPv4/UDP datagram as the kernel sends it: DF, IP ID 0, the TOS and
-// TTL the packet asked for, UDP checksum 0 (not computed here).
-void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, const iovec *iov,
-                      size_t iovcnt) {
+// One IPv4/UDP datagram as the kernel sends it: DF, IP ID 0 (segment i of
+// a GSO send: i), the TOS and TTL the packet asked for, UDP checksum 0 (not
+// computed here).
+void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint16_t ip_id,
+                      const iovec *iov, size_t iovcnt) {
   size_t len = 0;
   for (size_t i = 0; i < iovcnt; i++) len += iov[i].iov_len;
   uint8_t h[28] = {};
@@ -74,6 +75,8 @@ void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, cons
   h[1] = tos;
   h[2] = uint8_t(total >> 8);
   h[3] = uint8_t(total);
+  h[4] = uint8_t(ip_id >> 8);
+  h[5] = uint8_t(ip_id);
   h[6] = 0x40;   // DF
   h[8] = ttl ? ttl : 64;
   h[9] = 17;     // UDP
@@ -101,7 +104,9 @@ void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, cons
 size_t TraceNic::send(std::span<const TxPacket> pkts) {
   const Endpoint me = inner_->local();
   for (const TxPacket &p : pkts)
-    record({me.ip, p.src_port ? p.src_port : me.port}, p.dst, p.tos, p.ttl, p.iov, p.iovcnt);
+    for_each_segment(p, [&](const iovec *iov, size_t n, uint16_t k) {
+      record({me.ip, p.src_port ? p.src_port : me.port}, p.dst, p.tos, p.ttl, k, iov, n);
+    });
   fflush(f_);
   return inner_->send(pkts);
 }
@@ -110,7 +115,10 @@ size_t TraceNic::recv(std::span<RxPacket> out) {
   size_t n = inner_->recv(out);
   for (size_t i = 0; i < n; i++) {
     iovec v{const_cast<uint8_t *>(out[i].data), out[i].len};
-    record(out[i].src, inner_->local(), 0, 0, &v, 1);
+    // The IP ID a usrc sender's kernel gave it: its GSO segment index, which
+    // usrc carries in the BTH's reserved bits (byte 4, wire::Bth::seg).
+    uint16_t id = out[i].len > 4 ? out[i].data[4] & 0x3f : 0;
+    record(out[i].src, inner_->local(), 0, 0, id, &v, 1);
   }
   if (n) fflush(f_);
   return n;

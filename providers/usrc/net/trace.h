@@ -25,10 +25,11 @@ class TraceNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   void add_peer(Endpoint e) override { inner_->add_peer(e); }
+  uint32_t gso_segments() const override { return inner_->gso_segments(); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}
-  void record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, const iovec *iov,
+  void record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint16_t ip_id, const iovec *iov,
               size_t iovcnt);
   std::unique_ptr<Nic> inner_;
   FILE *f_;

@@ -1,8 +1,11 @@
 #include "usrc/net/udp.h"
 
+#include "usrc/common/log.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,7 +24,7 @@ static sockaddr_in to_sockaddr(Endpoint e) {
 }
 
 std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,
-                                     int *errno_out, std::string *err) {
+                                     uint32_t gso_segs, int *errno_out, std::string *err) {
   *errno_out = 0;
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -46,18 +49,29 @@ std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t
     ::close(fd);
     return nullptr;
   }
-  std::unique_ptr<UdpNic> nic(new UdpNic(fd, local, rx_batch ? rx_batch : 32));
+  // UDP GSO (Linux 4.18) and GRO (5.0): probed, not assumed. The segment
+  // index rides in a 6-bit field, so at most 64 per send (the kernel's
+  // UDP_MAX_SEGMENTS is 64 or more).
+  int zero = 0, one = 1;
+  gso_segs = std::min<uint32_t>(gso_segs, 64);
+  if (gso_segs > 1 && setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof zero) != 0) gso_segs = 1;
+  const bool gro = gso_segs > 1 && setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+  std::unique_ptr<UdpNic> nic(
+      new UdpNic(fd, local, rx_batch ? rx_batch : 32, std::max<uint32_t>(gso_segs, 1), gro));
   int got = 0;
   socklen_t len = sizeof got;
   if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &len) == 0) nic->rcvbuf_ = got;
   return nic;
 }
 
-UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch)
-    : fd_(fd), local_(local), rx_buf_(rx_batch * kMaxDatagram), rx_msgs_(rx_batch),
-      rx_iov_(rx_batch), rx_addr_(rx_batch), tx_msgs_(64), tx_addr_(64), tx_cmsg_(64) {
+UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, bool gro)
+    : fd_(fd), local_(local), gso_segs_(gso_segs), gro_(gro),
+      rx_buf_(rx_batch * (gro ? kMaxGro : kMaxDatagram)), rx_msgs_(rx_batch), rx_iov_(rx_batch),
+      rx_addr_(rx_batch), rx_cmsg_(rx_batch), rx_seg_(rx_batch), tx_msgs_(64), tx_addr_(64),
+      tx_cmsg_(64) {
+  const size_t each = gro ? kMaxGro : kMaxDatagram;
   for (uint32_t i = 0; i < rx_batch; i++) {
-    rx_iov_[i] = {rx_buf_.data() + i * kMaxDatagram, kMaxDatagram};
+    rx_iov_[i] = {rx_buf_.data() + i * each, each};
     auto &h = rx_msgs_[i].msg_hdr;
     h.msg_iov = &rx_iov_[i];
     h.msg_iovlen = 1;
@@ -97,7 +111,7 @@ int UdpNic::source_fd(uint16_t port) {
 }
 
 size_t UdpNic::send(std::span<const TxPacket> pkts) {
-  size_t done = 0, failed = 0;
+  size_t done = 0, dgrams = 0;
   while (done < pkts.size()) {
     // One sendmmsg per run of packets that leave from the same socket.
     const int fd = source_fd(pkts[done].src_port);
@@ -112,8 +126,10 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
       h.msg_namelen = sizeof(sockaddr_in);
       h.msg_iov = const_cast<iovec *>(p.iov);
       h.msg_iovlen = p.iovcnt;
-      if (p.tos || p.ttl) {
-        // Per-packet TOS and TTL (IP_TOS / IP_TTL ancillary data).
+      const bool gso = p.segs > 1 && p.gso_size;
+      if (p.tos || p.ttl || gso) {
+        // Per-packet TOS and TTL (IP_TOS / IP_TTL ancillary data) and the
+        // GSO segment size (UDP_SEGMENT).
         h.msg_control = tx_cmsg_[n].buf;
         h.msg_controllen = sizeof tx_cmsg_[n].buf;
         cmsghdr *c = CMSG_FIRSTHDR(&h);
@@ -127,6 +143,13 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
           used += CMSG_SPACE(sizeof(int));
           c = CMSG_NXTHDR(&h, c);
         }
+        if (gso) {
+          c->cmsg_level = SOL_UDP;
+          c->cmsg_type = UDP_SEGMENT;
+          c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+          std::memcpy(CMSG_DATA(c), &p.gso_size, sizeof p.gso_size);
+          used += CMSG_SPACE(sizeof(uint16_t));
+        }
         h.msg_controllen = used;
       }
       n++;
@@ -134,28 +157,77 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
     int r = ::sendmmsg(fd, tx_msgs_.data(), n, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
+      const TxPacket &p = pkts[done];
+      if (p.segs > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP)) {
+        // The route's device cannot take GSO (no checksum offload, an MTU
+        // below the segment): datagram by datagram from now on.
+        log().warn("UDP GSO refused ({}): sending datagram by datagram", strerror(errno));
+        gso_segs_ = 1;
+        dgrams += send_segments(fd, p);
+      }
       // An unreachable or refused peer must not stall the others: skip the
       // head packet; the transport's retransmission covers it.
       done++;
-      failed++;
       continue;
     }
+    for (int i = 0; i < r; i++) dgrams += pkts[done + i].segs;
     done += r;
   }
-  return done - failed;
+  return dgrams;
+}
+
+// A segmented packet sent as separate datagrams (after GSO was refused).
+size_t UdpNic::send_segments(int fd, const TxPacket &p) {
+  size_t sent = 0;
+  sockaddr_in a = to_sockaddr(p.dst);
+  for_each_segment(p, [&](const iovec *iov, size_t n, uint16_t) {
+    msghdr h{};
+    h.msg_name = &a;
+    h.msg_namelen = sizeof a;
+    h.msg_iov = const_cast<iovec *>(iov);
+    h.msg_iovlen = n;
+    if (::sendmsg(fd, &h, 0) >= 0) sent++;
+  });
+  return sent;
 }
 
 size_t UdpNic::recv(std::span<RxPacket> out) {
-  size_t n = std::min(out.size(), rx_msgs_.size());
-  for (size_t i = 0; i < n; i++) rx_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
-  int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
-  if (r <= 0) return 0;
-  for (int i = 0; i < r; i++) {
-    out[i].src = {ntohl(rx_addr_[i].sin_addr.s_addr), ntohs(rx_addr_[i].sin_port)};
-    out[i].data = static_cast<const uint8_t *>(rx_iov_[i].iov_base);
-    out[i].len = rx_msgs_[i].msg_len;
+  if (rx_i_ == rx_n_) {
+    // Everything handed out: the buffers may be reused.
+    size_t n = std::min(out.size(), rx_msgs_.size());
+    for (size_t i = 0; i < n; i++) {
+      auto &h = rx_msgs_[i].msg_hdr;
+      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_control = gro_ ? rx_cmsg_[i].buf : nullptr;
+      h.msg_controllen = gro_ ? sizeof rx_cmsg_[i].buf : 0;
+    }
+    int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
+    if (r <= 0) return 0;
+    for (int i = 0; i < r; i++) {
+      rx_seg_[i] = 0;
+      auto &h = rx_msgs_[i].msg_hdr;
+      for (cmsghdr *c = gro_ ? CMSG_FIRSTHDR(&h) : nullptr; c; c = CMSG_NXTHDR(&h, c))
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+          int seg;
+          std::memcpy(&seg, CMSG_DATA(c), sizeof seg);
+          rx_seg_[i] = static_cast<uint16_t>(seg);
+        }
+    }
+    rx_n_ = r;
+    rx_i_ = rx_off_ = 0;
   }
-  return r;
+  // Hand out datagrams, splitting the coalesced ones at their segment size.
+  size_t k = 0;
+  while (k < out.size() && rx_i_ < rx_n_) {
+    const sockaddr_in &a = rx_addr_[rx_i_];
+    const size_t len = rx_msgs_[rx_i_].msg_len;
+    const size_t take = rx_seg_[rx_i_] ? std::min<size_t>(rx_seg_[rx_i_], len - rx_off_) : len;
+    out[k++] = {{ntohl(a.sin_addr.s_addr), ntohs(a.sin_port)},
+                static_cast<const uint8_t *>(rx_iov_[rx_i_].iov_base) + rx_off_, take};
+    rx_off_ += take;
+    if (rx_off_ >= len) rx_i_++, rx_off_ = 0;
+  }
+  return k;
 }
 
 }  // namespace usrc::net

@@ -1,6 +1,8 @@
 // Kernel UDP sockets: the portable backend. One unconnected socket per
 // context, bound to the device address and the process's slot port, with DF
 // set so that the kernel sends IP ID 0 (the RoCEv2 ICRC covers the IP ID).
+// Where the kernel offers it, runs of datagrams leave as one UDP GSO send
+// (segment i gets IP ID i) and arrive coalesced by UDP GRO, split here.
 #pragma once
 
 #include <memory>
@@ -16,31 +18,40 @@ class UdpNic final : public Nic {
  public:
   // Binds ip:port. Returns nullptr with *err set (errno text) on failure;
   // *errno_out is the bind errno (EADDRINUSE lets the caller try another port).
+  // gso_segs: the most datagrams per GSO send (0 or 1: no GSO, no GRO).
   static std::unique_ptr<UdpNic> open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,
-                                      int *errno_out, std::string *err);
+                                      uint32_t gso_segs, int *errno_out, std::string *err);
   ~UdpNic() override;
 
   Endpoint local() const override { return local_; }
   int wait_fd() const override { return fd_; }
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
+  uint32_t gso_segments() const override { return gso_segs_; }
   uint32_t rcvbuf() const { return rcvbuf_; }
 
  private:
-  UdpNic(int fd, Endpoint local, uint32_t rx_batch);
+  UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, bool gro);
+  size_t send_segments(int fd, const TxPacket &p);
   int fd_;
   Endpoint local_;
   uint32_t rcvbuf_ = 0;
-  static constexpr size_t kMaxDatagram = 4096 + 128;
+  uint32_t gso_segs_ = 1;
+  bool gro_ = false;
+  static constexpr size_t kMaxDatagram = 4096 + 128, kMaxGro = 65536;
   std::vector<uint8_t> rx_buf_;
   std::vector<struct mmsghdr> rx_msgs_;
   std::vector<iovec> rx_iov_;
   std::vector<struct sockaddr_in> rx_addr_;
+  struct Cmsg {
+    alignas(cmsghdr) uint8_t buf[3 * CMSG_SPACE(sizeof(int))];
+  };
+  std::vector<Cmsg> rx_cmsg_;
+  // What the last recvmmsg returned and is still being handed out.
+  std::vector<uint16_t> rx_seg_;   // per datagram: its GRO segment size, 0 if none
+  size_t rx_n_ = 0, rx_i_ = 0, rx_off_ = 0;
   std::vector<struct mmsghdr> tx_msgs_;
   std::vector<struct sockaddr_in> tx_addr_;
-  struct Cmsg {
-    alignas(cmsghdr) uint8_t buf[2 * CMSG_SPACE(sizeof(int))];
-  };
   std::vector<Cmsg> tx_cmsg_;
   std::vector<std::pair<uint16_t, int>> src_fds_;   // source port -> socket
   int source_fd(uint16_t port);

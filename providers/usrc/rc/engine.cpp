@@ -13,7 +13,8 @@ namespace usrc::rc {
 Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port, Clock clock,
                MemoryAccess *mem, EngineHooks *hooks)
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
-      mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]) {
+      mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
+      tx_iov_(new iovec[kTxBatch * kIovPerPkt]) {
   ack_list_.reserve(64);
 }
 
@@ -248,6 +249,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   if (Tunables::get().icrc_check) {
     iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
     wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};
+    ip.ip_id = v.p.h.bth.seg;   // its index in the sender's GSO send
     if (wire::icrc_ipv4(ip, &iov, 1) != v.p.icrc) {
       count(Counter::malformed_drops);
       return;
@@ -294,22 +296,36 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
 }
 
 Engine::TxSlot &Engine::tx_slot() {
-  if (tx_count_ == kTxBatch) tx_flush();
-  return tx_slots_[tx_count_];
+  if (tx_nslots_ == kTxBatch) tx_flush();
+  TxSlot &s = tx_slots_[tx_nslots_];
+  s.iov = &tx_iov_[tx_niov_];
+  return s;
 }
 
 // Finishes the packet being built in tx_slot(): iov[0] = headers,
 // iov[1..pieces] = payload, then pad and ICRC (RoCEv2: IBA A16.4.1).
 void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces) {
-  TxSlot &s = tx_slots_[tx_count_];
+  TxSlot &s = tx_slots_[tx_nslots_];
   s.iov[0] = {s.hdr, hdr_len};
   uint8_t pad = wire::pad_for(payload_len);
   std::memset(s.trailer, 0, 4);
   size_t n = 1 + pieces;
+  const uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
+  // Segmentation offload: the packet joins the one before when that one is
+  // to the same QP, of the same size (the last of a group may be shorter),
+  // and the group still fits one UDP datagram's 64 KB.
+  net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
+  const bool join = g && grp_open_ && grp_qp_ == &qp && len <= grp_size_ &&
+                    g->segs < nic_->gso_segments() && grp_bytes_ + len <= kMaxGsoBytes;
+  // Its index in the group is the IP ID the kernel gives it, which the
+  // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
+  const uint16_t seg = join ? g->segs : 0;
+  wire::set_seg(s.hdr, static_cast<uint8_t>(seg));
   if (pad) s.iov[n++] = {s.trailer, pad};
   // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
   const uint16_t sport = qp.sport ? qp.sport : nic_->local().port;
   wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, sport, qp.peer.port};
+  ip.ip_id = seg;
   uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
   if (pad) {
     wire::store_icrc(s.trailer + pad, icrc);
@@ -318,17 +334,30 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     wire::store_icrc(s.trailer, icrc);
     s.iov[n++] = {s.trailer, wire::kIcrcLen};
   }
-  tx_pkts_[tx_count_] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport};
-  tx_count_++;
+  if (join) {
+    g->iovcnt += n;
+    g->gso_size = static_cast<uint16_t>(grp_size_);
+    g->segs++;
+    grp_bytes_ += len;
+    grp_open_ = len == grp_size_;
+  } else {
+    tx_pkts_[tx_count_++] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport, 0, 1};
+    grp_qp_ = &qp;
+    grp_size_ = grp_bytes_ = len;
+    grp_open_ = true;
+  }
+  tx_nslots_++;
+  tx_niov_ += n;
   count(Counter::tx_packets);
-  count(Counter::tx_bytes, hdr_len + payload_len + pad + wire::kIcrcLen);
+  count(Counter::tx_bytes, len);
 }
 
 void Engine::tx_flush() {
   if (!tx_count_) return;
   size_t sent = nic_->send({tx_pkts_.data(), tx_count_});
-  if (sent < tx_count_) count(Counter::tx_errors, tx_count_ - sent);
-  tx_count_ = 0;
+  if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);
+  tx_count_ = tx_nslots_ = tx_niov_ = 0;
+  grp_open_ = false;
 }
 
 }  // namespace usrc::rc

@@ -124,15 +124,25 @@ class Engine {
   uint32_t lingering_ = 0;
   void reap(Qp *qp);
 
-  static constexpr size_t kTxBatch = 64;
+  // The transmit batch: up to kTxBatch packets, each built in a slot (its
+  // headers and trailer) with its iovecs in one flat array, so that a run of
+  // equal-sized packets to the same QP becomes one segmented TxPacket (UDP
+  // GSO) by extending the iovecs of the one before.
+  static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
   struct TxSlot {
     uint8_t hdr[64];
     uint8_t trailer[8];          // pad + ICRC
-    iovec iov[kMaxSge + 2];
+    iovec *iov;                  // into tx_iov_
   };
   std::unique_ptr<TxSlot[]> tx_slots_;
+  std::unique_ptr<iovec[]> tx_iov_;
   std::array<net::TxPacket, kTxBatch> tx_pkts_{};
-  size_t tx_count_ = 0;
+  size_t tx_count_ = 0;          // TxPackets
+  size_t tx_nslots_ = 0, tx_niov_ = 0;
+  // The last TxPacket as a GSO group: whose, its segment size and bytes.
+  const Qp *grp_qp_ = nullptr;
+  uint32_t grp_size_ = 0, grp_bytes_ = 0;
+  bool grp_open_ = false;
 };
 
 }  // namespace usrc::rc

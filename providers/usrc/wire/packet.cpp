@@ -121,7 +121,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
   p[1] = uint8_t((h.bth.se ? 0x80 : 0) | (h.bth.mig_req ? 0x40 : 0) |
                  (pad_for(payload_len) << 4) | (h.bth.tver & 0xf));
   put16(p + 2, h.bth.pkey);
-  p[4] = uint8_t((h.bth.fecn ? 0x80 : 0) | (h.bth.becn ? 0x40 : 0));
+  p[4] = uint8_t((h.bth.fecn ? 0x80 : 0) | (h.bth.becn ? 0x40 : 0) | (h.bth.seg & 0x3f));
   put24(p + 5, h.bth.dest_qp);
   p[8] = h.bth.ack_req ? 0x80 : 0;
   put24(p + 9, h.bth.psn);
@@ -182,6 +182,7 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   h.bth.pkey = get16(buf + 2);
   h.bth.fecn = buf[4] & 0x80;
   h.bth.becn = buf[4] & 0x40;
+  h.bth.seg = buf[4] & 0x3f;
   h.bth.dest_qp = get24(buf + 5);
   h.bth.ack_req = buf[8] & 0x80;
   h.bth.psn = get24(buf + 9);

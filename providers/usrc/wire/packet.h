@@ -63,6 +63,12 @@ struct Bth {
   uint32_t dest_qp = 0;   // 24 bits
   bool ack_req = false;
   uint32_t psn = 0;       // 24 bits
+  // The 6 reserved bits after FECN/BECN (resv6a). The ICRC masks this byte,
+  // so usrc carries a packet's index within a UDP GSO send here: the kernel
+  // gives segment i of a send IP ID i, which the ICRC covers, and a receiver
+  // that cannot see the IP header takes the ID from this field. Others
+  // send 0 here and ignore it (IBA 9.2: reserved).
+  uint8_t seg = 0;
 };
 struct Reth { uint64_t va = 0; uint32_t rkey = 0; uint32_t dma_len = 0; };
 struct Aeth { uint8_t syndrome = 0; uint32_t msn = 0; };
@@ -137,6 +143,8 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out);
 // Writes the BTH and the extended headers of h.bth.opcode into out (at least
 // kMaxHdrLen bytes); pad_cnt comes from payload_len. Returns the header
 // length, 0 for an invalid opcode.
+// Sets the BTH's segment index (Bth::seg) in a built header.
+inline void set_seg(uint8_t *bth, uint8_t seg) { bth[4] = uint8_t((bth[4] & 0xc0) | (seg & 0x3f)); }
 size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 
 }  // namespace usrc::wire

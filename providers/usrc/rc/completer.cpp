@@ -53,7 +53,29 @@ void Engine::implied_nak(Qp &qp) {
   if (qp.implied_nak_psn == qp.una_psn) return;
   qp.implied_nak_psn = qp.una_psn;
   count(Counter::implied_naks);
+  window_loss(qp, false);
   go_back_n(qp, qp.una_psn);
+}
+
+// The send window after a loss and as ACKs arrive (Qp::cwnd).
+void Engine::window_loss(Qp &qp, bool timeout) {
+  const uint32_t floor = std::min<uint32_t>(kMinWindow, qp.window);
+  qp.ssthresh = std::max(qp.cwnd / 2, floor);
+  qp.cwnd = timeout ? floor : qp.ssthresh;
+  qp.cwnd_acc = 0;
+}
+
+void Engine::window_acked(Qp &qp, uint32_t npkts) {
+  if (qp.cwnd >= qp.window) return;
+  if (qp.cwnd < qp.ssthresh) {
+    qp.cwnd = std::min(qp.cwnd + npkts, qp.ssthresh);
+    return;
+  }
+  qp.cwnd_acc += npkts;
+  while (qp.cwnd_acc >= qp.cwnd && qp.cwnd < qp.window) {
+    qp.cwnd_acc -= qp.cwnd;
+    qp.cwnd++;
+  }
 }
 
 // Every PSN up to and including psn is acknowledged (ACKs are cumulative,
@@ -79,6 +101,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   }
   bool progress = psn_diff(new_una, qp.una_psn) > 0;
   if (progress) {
+    window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
     qp.una_psn = new_una;
     advanced(qp);
   }
@@ -213,6 +236,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
       uint8_t code = wire::aeth_value(syn);
       if (code == wire::NAK_PSN_SEQ) {
         count(Counter::seq_naks_rcvd);
+        window_loss(qp, false);
         bool progress = ack_through(qp, psn_add(psn, kPsnMask));
         if (!progress) {
           if (qp.retry_left == 0) {
@@ -264,6 +288,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     return;
   }
   qp.retry_left--;
+  window_loss(qp, true);
   go_back_n(qp, qp.una_psn);
   requester_tx(qp);
 }

@@ -30,7 +30,7 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     qp->qpn = (slot_ << kQpnIndexBits) | i;
     qp->sq.init(max_send_wr ? max_send_wr : 1);
     qp->rq.init(max_recv_wr ? max_recv_wr : 1);
-    qp->window = max_window;
+    qp->window = qp->cwnd = qp->ssthresh = max_window;
     qps_[i] = qp;
     live_.push_back(qp);
     return qp;

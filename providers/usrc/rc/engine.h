@@ -78,7 +78,7 @@ class Engine {
  private:
   // requester.cpp
   void requester_tx(Qp &qp);
-  void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next);
+  void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
@@ -88,6 +88,8 @@ class Engine {
   void complete_head(Qp &qp);
   void advanced(Qp &qp);
   void implied_nak(Qp &qp);
+  void window_loss(Qp &qp, bool timeout);
+  void window_acked(Qp &qp, uint32_t npkts);
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   // responder.cpp

@@ -81,6 +81,13 @@ struct Qp {
   uint32_t tx_psn = 0;        // next PSN to put on the wire
   uint32_t tx_high = 0;       // one past the highest PSN ever sent
   uint32_t window = 64;       // max packets in flight
+  // Loss response (not in the IBA, which leaves flow control to the
+  // fabric): go-back-N resends everything after a lost packet, so the
+  // packets in flight are limited to cwnd <= window, halved on each loss
+  // (sequence NAK, implied NAK), cut to the minimum on a timeout, grown by
+  // one per acknowledged packet up to ssthresh and by one per window above.
+  uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
+  uint32_t send_window() const { return cwnd < window ? cwnd : window; }
 
   // Completer.
   uint32_t una_psn = 0;       // oldest unacknowledged PSN

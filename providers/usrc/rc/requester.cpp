@@ -41,7 +41,8 @@ void Engine::requester_tx(Qp &qp) {
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
   uint32_t cap = Tunables::get().retransmit_cap;
   while (qp.tx_psn != qp.next_psn && cap--) {
-    if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= qp.window) break;
+    const uint32_t wnd = qp.send_window();
+    if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= wnd) break;
     SendWqe &w = qp.sq.at(qp.tx_pos);
     const bool rd = is_rd_atomic(w.wr.opcode);
     if (qp.tx_psn == w.first_psn || rd) {
@@ -63,8 +64,8 @@ void Engine::requester_tx(Qp &qp) {
     uint32_t next = psn_add(qp.tx_psn, 1);
     if (rd) {
       uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.tx_psn));
-      uint32_t room = qp.window - static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
-      if (room < left && room < qp.window / 4) break;   // no tiny pieces
+      uint32_t room = wnd - static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+      if (room < left && room < wnd / 4) break;   // no tiny pieces
       next = psn_add(qp.tx_psn, std::min(left, room));
     }
     if (qp.rate_bps) {
@@ -79,7 +80,9 @@ void Engine::requester_tx(Qp &qp) {
       qp.pace_next = std::max(qp.pace_next, now > burst_ns ? now - burst_ns : 0) +
                      (uint64_t(bytes) * 8 * 1000000000ull) / qp.rate_bps;
     }
-    build_request(qp, w, qp.tx_psn, next);
+    // The packet that fills the window asks for an ACK: nothing else would
+    // open it again but the Local ACK Timeout.
+    build_request(qp, w, qp.tx_psn, next, static_cast<uint32_t>(psn_diff(next, qp.una_psn)) >= wnd);
     if (psn_diff(next, qp.tx_high) > 0) qp.tx_high = next;
     else count(Counter::retransmits);
     qp.tx_psn = next;
@@ -94,7 +97,7 @@ void Engine::requester_tx(Qp &qp) {
   }
 }
 
-void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next) {
+void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   uint32_t off = k * qp.pmtu;
   uint32_t len = std::min(qp.pmtu, w.length - std::min(off, w.length));
@@ -126,7 +129,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next) {
   // AckReq on the last packet of a message, and every ack_every packets so
   // that the window keeps moving during long messages.
   uint32_t every = Tunables::get().ack_every;
-  h.bth.ack_req = last || (every && (psn % every) == 0);
+  h.bth.ack_req = ack_req || last || (every && (psn % every) == 0);
   if (k == 0) h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
   h.imm_be = w.wr.imm_be;
 

@@ -93,7 +93,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(wrong_source_drops, "packets dropped: not from the QP's peer")            \
   X(ghost_acks, "ACKs for PSNs never sent (dropped)")                         \
   X(implied_naks, "READ/ATOMIC response gaps: resent from the gap")           \
-  X(tx_errors, "packets the NIC refused to send")
+  X(tx_errors, "packets the NIC refused to send")                             \
+  X(rto_resends, "resends on the adaptive retransmission timer (before the Local ACK Timeout)")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

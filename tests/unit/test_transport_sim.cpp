@@ -233,6 +233,59 @@ TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then 
   CHECK(s[0].status == WcStatus::wr_flush_err);
 }
 
+TEST_CASE("a lost packet nothing reveals is resent on the retransmission timer, not the Local ACK Timeout", "[sim]") {
+  Pair p(4);
+  p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s
+  p.a.e->set_state(*p.a.qp, QpState::rts);
+  std::vector<uint8_t> buf(100, 1), rx(2 * 128);
+  auto post = [&](uint64_t id) {
+    RecvWr r;
+    r.wr_id = id;
+    r.num_sge = 1;
+    r.sge[0] = {rx.data() + 128 * id, 128};
+    REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+    SendWr w;
+    w.wr_id = id;
+    w.flags = kSignaled;
+    w.num_sge = 1;
+    w.sge[0] = {buf.data(), 100};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  };
+  std::vector<Completion> sc;
+  auto done = [&](size_t n) {
+    return [&, n] {
+      auto s = drain(p.a.scq);
+      sc.insert(sc.end(), s.begin(), s.end());
+      return sc.size() == n;
+    };
+  };
+  post(0);   // a round trip measured
+  REQUIRE(p.run(done(1)));
+  // The only packet of the next message is lost: no later packet, so no
+  // NAK; only a timer can resend it.
+  p.net.set_faults({.drop = 1.0});
+  post(1);
+  p.net.set_faults({});
+  const uint64_t t0 = p.net.now();
+  REQUIRE(p.run(done(2)));
+  CHECK(sc[1].status == WcStatus::success);
+  CHECK(p.net.now() - t0 < 50'000'000);   // well inside the 4.3 s timeout
+  CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] >= 1);
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
+  CHECK(p.a.qp->retry_left == p.a.qp->retry_cnt);   // not a retry (IBA 9.7.6.1.3)
+
+  // A vanished peer still takes retry_cnt + 1 Local ACK Timeouts.
+  p.a.qp->timeout = 14;   // 67 ms
+  p.net.set_partitioned(p.b.e->nic().local(), true);
+  post(0);
+  const uint64_t t1 = p.net.now(), resends = p.a.e->counters[uint32_t(Counter::rto_resends)];
+  REQUIRE(p.run(done(3)));
+  CHECK(sc[2].status == WcStatus::retry_exc_err);
+  CHECK(p.net.now() - t1 >= 8 * local_ack_timeout_ns(14));
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 8);
+  CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] > resends);
+}
+
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
   Pair p(4);
   p.a.qp->rnr_retry = 2;

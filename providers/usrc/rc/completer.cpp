@@ -27,14 +27,26 @@ void Engine::advanced(Qp &qp) {
   if (psn_lt(qp.tx_psn, qp.una_psn)) go_back_n(qp, qp.una_psn);
   qp.retry_left = qp.retry_cnt;
   qp.rnr_left = qp.rnr_retry;
-  qp.ack_deadline = 0;
-  if (qp.una_psn != qp.tx_high) {
-    if (uint64_t t = local_ack_timeout_ns(qp.timeout)) {
-      qp.ack_deadline = clock_() + t;
-      arm_timer(qp.ack_deadline);
-    }
-  }
+  qp.ack_deadline = qp.rto_deadline = 0;
+  qp.rto_backoff = 0;
+  if (qp.una_psn != qp.tx_high) arm_retransmit(qp);
   check_drained(qp);
+}
+
+// Arms the Local ACK Timeout and, sooner, the adaptive retransmission timer.
+void Engine::arm_retransmit(Qp &qp) {
+  qp.rto_deadline = 0;
+  const uint64_t t = local_ack_timeout_ns(qp.timeout);
+  if (!t) return;   // timeout 0: wait for ever (IBA 9.7.6.1.3)
+  const uint64_t now = clock_();
+  qp.ack_deadline = now + t;
+  arm_timer(qp.ack_deadline);
+  if (!qp.srtt) return;
+  const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+  if (rto < t) {
+    qp.rto_deadline = now + rto;
+    arm_timer(qp.rto_deadline);
+  }
 }
 
 // Drained: every WQE started before SQD has completed and none is half
@@ -101,6 +113,19 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   }
   bool progress = psn_diff(new_una, qp.una_psn) > 0;
   if (progress) {
+    if (qp.rtt_on && psn_lt(qp.rtt_psn, new_una)) {
+      // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
+      const uint64_t r = clock_() - qp.rtt_sent;
+      if (!qp.srtt) {
+        qp.srtt = r;
+        qp.rttvar = r / 2;
+      } else {
+        const uint64_t d = r > qp.srtt ? r - qp.srtt : qp.srtt - r;
+        qp.rttvar = (3 * qp.rttvar + d) / 4;
+        qp.srtt = (7 * qp.srtt + r) / 8;
+      }
+      qp.rtt_on = false;
+    }
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
     qp.una_psn = new_una;
     advanced(qp);
@@ -276,6 +301,23 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
   if (!qp.ack_deadline) return;
   if (now < qp.ack_deadline) {
     arm_timer(qp.ack_deadline);
+    if (!qp.rto_deadline) return;
+    if (now < qp.rto_deadline) {
+      arm_timer(qp.rto_deadline);
+      return;
+    }
+    // The retransmission timer: resend from una; the Local ACK Timeout
+    // keeps running and still decides retry_cnt.
+    qp.rto_deadline = 0;
+    count(Counter::rto_resends);
+    window_loss(qp, false);
+    go_back_n(qp, qp.una_psn);
+    requester_tx(qp);
+    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << ++qp.rto_backoff;
+    if (now + rto < qp.ack_deadline) {
+      qp.rto_deadline = now + rto;
+      arm_timer(qp.rto_deadline);
+    }
     return;
   }
   // Local ACK Timeout (IBA 9.7.6.1.3): resend everything unacknowledged;
@@ -288,6 +330,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     return;
   }
   qp.retry_left--;
+  qp.rto_deadline = 0;
   window_loss(qp, true);
   go_back_n(qp, qp.una_psn);
   requester_tx(qp);

@@ -86,7 +86,12 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.tx_pos = 0;
       qp.msn = 0;
       qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = false;
-      qp.ack_deadline = qp.rnr_deadline = 0;
+      qp.ack_deadline = qp.rnr_deadline = qp.rto_deadline = 0;
+      qp.srtt = qp.rttvar = 0;
+      qp.rtt_on = false;
+      qp.rto_backoff = 0;
+      qp.cwnd = qp.ssthresh = qp.window;
+      qp.cwnd_acc = 0;
       std::erase(ack_list_, &qp);
       break;
     case QpState::rts:

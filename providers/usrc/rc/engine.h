@@ -90,6 +90,7 @@ class Engine {
   void implied_nak(Qp &qp);
   void window_loss(Qp &qp, bool timeout);
   void window_acked(Qp &qp, uint32_t npkts);
+  void arm_retransmit(Qp &qp);
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   // responder.cpp

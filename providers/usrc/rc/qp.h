@@ -94,6 +94,18 @@ struct Qp {
   uint8_t retry_left = 7;
   uint8_t rnr_left = 7;
   uint64_t ack_deadline = 0;  // Local ACK Timeout; 0 = disarmed
+  // Adaptive retransmission: a lost packet that no later packet reveals (a
+  // tail loss, a lost ACK or NAK, a lost resend) is resent after the
+  // retransmission timeout, srtt + 4 rttvar from the measured round trip
+  // (at least kMinRtoNs, doubled on each expiry), when that is sooner than
+  // the Local ACK Timeout. It does not count against retry_cnt: only the
+  // Local ACK Timeout does (IBA 9.7.6.1.3).
+  uint64_t rto_deadline = 0;
+  uint64_t srtt = 0, rttvar = 0;   // ns; srtt 0: no sample yet
+  uint64_t rtt_sent = 0;           // when rtt_psn left
+  uint32_t rtt_psn = 0;
+  bool rtt_on = false;             // a round trip is being timed
+  uint8_t rto_backoff = 0;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
 

@@ -83,18 +83,20 @@ void Engine::requester_tx(Qp &qp) {
     // The packet that fills the window asks for an ACK: nothing else would
     // open it again but the Local ACK Timeout.
     build_request(qp, w, qp.tx_psn, next, static_cast<uint32_t>(psn_diff(next, qp.una_psn)) >= wnd);
-    if (psn_diff(next, qp.tx_high) > 0) qp.tx_high = next;
-    else count(Counter::retransmits);
+    if (psn_diff(next, qp.tx_high) > 0) {
+      qp.tx_high = next;
+      if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
+        qp.rtt_on = true;
+        qp.rtt_sent = clock_();
+        qp.rtt_psn = qp.tx_psn;
+      }
+    } else {
+      count(Counter::retransmits);
+    }
     qp.tx_psn = next;
     if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
   }
-  if (qp.una_psn != qp.tx_high && !qp.ack_deadline) {
-    uint64_t t = local_ack_timeout_ns(qp.timeout);
-    if (t) {
-      qp.ack_deadline = clock_() + t;
-      arm_timer(qp.ack_deadline);
-    }
-  }
+  if (qp.una_psn != qp.tx_high && !qp.ack_deadline) arm_retransmit(qp);
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {
@@ -155,6 +157,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).
 void Engine::go_back_n(Qp &qp, uint32_t psn) {
   qp.tx_psn = psn;
+  qp.rtt_on = false;   // an ACK from now on may answer a resend (Karn)
   uint64_t pos = qp.sq.head;
   while (pos != qp.sq.tail) {
     SendWqe &w = qp.sq.at(pos);

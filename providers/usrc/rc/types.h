@@ -11,6 +11,7 @@ constexpr uint32_t kMaxSge = 8;          // per work request, send and receive
 constexpr uint32_t kMaxInline = 256;     // bytes of inline data per send WR
 constexpr uint32_t kMaxWr = 16384;       // per queue
 constexpr uint32_t kMaxMsgSize = 1u << 31;
+constexpr uint64_t kMinRtoNs = 2'000'000;    // the adaptive retransmission timeout's floor
 constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (Qp::cwnd)
 constexpr uint32_t kMaxGsoBytes = 65507;     // UDP payload of one IPv4 datagram (GSO send)
 

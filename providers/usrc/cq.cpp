@@ -36,12 +36,20 @@ void Cq::Events::notify(rc::Cq &) {
 // ibv_rc_pingpong -t -e, fails on that). Take such an event back and
 // restore the arm, so the next completion fires again.
 static void withdraw_event(Cq *cq) {
-  // Wait (briefly: the pusher is between its push and its send) until
-  // every event counted in seq is in the channel or already read.
+  // Wait until every event counted in seq is in the channel or already
+  // read: the pusher is between its push and its send, which is short
+  // unless it lost its CPU there (a loaded machine): yield, then sleep.
+  // Giving up early would leave a stale event for the next wait.
   const uint32_t seq = cq->ring.fire_seq();
   for (int i = 0; !cq->ring.sent(seq); i++) {
-    if (i == 1000) return;   // try again at the next poll
-    sched_yield();
+    if (i < 1000) {
+      sched_yield();
+    } else if (i < 1000 + 20000) {
+      usleep(50);   // up to a second in all
+    } else {
+      log().warn("a completion event stayed unsent for a second: not withdrawn");
+      return;
+    }
   }
   if (cq->chan_rfd >= 0) {
     const uint64_t mine = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
@@ -53,9 +61,13 @@ static void withdraw_event(Cq *cq) {
       if (h == mine) found = true;
       else others[n++] = h;
     }
-    // A completion that came meanwhile keeps its event.
-    if (found && !cq->ring.rearm_if_empty()) others[n++] = mine;
+    // A completion that came meanwhile keeps the event; it is not dealt
+    // with then (if that completion is polled too, the event is stale
+    // again and the next poll that empties the ring takes it back).
+    const bool keep = found && !cq->ring.rearm_if_empty();
+    if (keep) others[n++] = mine;
     for (size_t i = 0; i < n; i++) send(cq->chan_wfd, &others[i], sizeof others[i], MSG_DONTWAIT);
+    if (keep) return;
   }
   cq->ring.handled(seq);
 }

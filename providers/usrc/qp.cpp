@@ -299,57 +299,78 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
   return err;
 }
 
+// The checks that make ibv_post_send fail with an errno (this WR and the
+// rest of the list are not posted). ibv_wr_complete runs them over its
+// whole batch before posting any of it.
+int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
+  const rc::QpState st = qp->t->state;
+  if (st == rc::QpState::reset || st == rc::QpState::init || st == rc::QpState::rtr) return EINVAL;
+  bool atomic = false;
+  switch (wr.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ: break;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: atomic = true; break;
+    default: return EINVAL;
+  }
+  if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
+  const bool inl = wr.send_flags & IBV_SEND_INLINE;
+  // READ and ATOMIC write local memory: no inline data.
+  if (inl && (atomic || wr.opcode == IBV_WR_RDMA_READ)) return EINVAL;
+  // One 8-byte SGE receives an ATOMIC's original value (IBA 10.7.2.2).
+  if (atomic && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
+  uint64_t len = 0;
+  for (int i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
+  if (len > rc::kMaxMsgSize || (inl && len > rc::kMaxInline)) return EINVAL;
+  return 0;
+}
+
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Context &c = *qp->ctx;
   ibv_qp *ibqp = &qp->vqp.qp;
   int err = 0;
-  {
-    for (; wr; wr = wr->next) {
-      rc::SendWr w;
-      switch (wr->opcode) {
-        case IBV_WR_SEND: w.opcode = rc::WrOpcode::send; break;
-        case IBV_WR_SEND_WITH_IMM: w.opcode = rc::WrOpcode::send_imm; break;
-        case IBV_WR_RDMA_WRITE: w.opcode = rc::WrOpcode::rdma_write; break;
-        case IBV_WR_RDMA_WRITE_WITH_IMM: w.opcode = rc::WrOpcode::rdma_write_imm; break;
-        case IBV_WR_RDMA_READ: w.opcode = rc::WrOpcode::rdma_read; break;
-        case IBV_WR_ATOMIC_CMP_AND_SWP: w.opcode = rc::WrOpcode::atomic_cmp_swp; break;
-        case IBV_WR_ATOMIC_FETCH_AND_ADD: w.opcode = rc::WrOpcode::atomic_fetch_add; break;
-        default: err = EINVAL; break;
-      }
-      if (!err && (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge))) err = EINVAL;
-      if (err) break;
-      w.wr_id = wr->wr_id;
-      w.flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
-      w.imm_be = wr->imm_data;
-      w.remote_va = wr->wr.rdma.remote_addr;
-      w.rkey = wr->wr.rdma.rkey;
-      w.num_sge = static_cast<uint32_t>(wr->num_sge);
-      const bool rd = rc::is_rd_atomic(w.opcode);
-      if (rd && (w.flags & rc::kInline)) err = EINVAL;   // they write local memory
-      if (w.opcode == rc::WrOpcode::atomic_cmp_swp || w.opcode == rc::WrOpcode::atomic_fetch_add) {
-        // One 8-byte SGE receives the original value (IBA 10.7.2.2).
-        if (wr->num_sge != 1 || wr->sg_list[0].length != 8) err = EINVAL;
-        w.remote_va = wr->wr.atomic.remote_addr;
-        w.rkey = wr->wr.atomic.rkey;
-        w.compare_add = wr->wr.atomic.compare_add;
-        w.swap = wr->wr.atomic.swap;
-      }
-      if (err) break;
-      // Inline data is read now and needs no lkey (IBA 10.7.2.1).
-      bool ok = true;
-      if (w.flags & rc::kInline) {
-        for (int i = 0; i < wr->num_sge; i++)
-          w.sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
-      } else {
-        ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, rd);
-      }
-      if (!ok) {
-        c.engine().post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w.opcode),
-                              rc::WcStatus::loc_prot_err, false);
-        continue;
-      }
-      if ((err = c.engine().post_send(*qp->t, w))) break;
+  for (; wr; wr = wr->next) {
+    if ((err = check_send_wr(qp, *wr))) break;
+    rc::SendWr w;
+    switch (wr->opcode) {
+      case IBV_WR_SEND: w.opcode = rc::WrOpcode::send; break;
+      case IBV_WR_SEND_WITH_IMM: w.opcode = rc::WrOpcode::send_imm; break;
+      case IBV_WR_RDMA_WRITE: w.opcode = rc::WrOpcode::rdma_write; break;
+      case IBV_WR_RDMA_WRITE_WITH_IMM: w.opcode = rc::WrOpcode::rdma_write_imm; break;
+      case IBV_WR_RDMA_READ: w.opcode = rc::WrOpcode::rdma_read; break;
+      case IBV_WR_ATOMIC_CMP_AND_SWP: w.opcode = rc::WrOpcode::atomic_cmp_swp; break;
+      default: w.opcode = rc::WrOpcode::atomic_fetch_add; break;
     }
+    w.wr_id = wr->wr_id;
+    w.flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
+    w.imm_be = wr->imm_data;
+    w.remote_va = wr->wr.rdma.remote_addr;
+    w.rkey = wr->wr.rdma.rkey;
+    w.num_sge = static_cast<uint32_t>(wr->num_sge);
+    const bool rd = rc::is_rd_atomic(w.opcode);
+    if (w.opcode == rc::WrOpcode::atomic_cmp_swp || w.opcode == rc::WrOpcode::atomic_fetch_add) {
+      w.remote_va = wr->wr.atomic.remote_addr;
+      w.rkey = wr->wr.atomic.rkey;
+      w.compare_add = wr->wr.atomic.compare_add;
+      w.swap = wr->wr.atomic.swap;
+    }
+    // Inline data is read now and needs no lkey (IBA 10.7.2.1).
+    bool ok = true;
+    if (w.flags & rc::kInline) {
+      for (int i = 0; i < wr->num_sge; i++)
+        w.sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
+    } else {
+      ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, rd);
+    }
+    if (!ok) {
+      c.engine().post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w.opcode),
+                            rc::WcStatus::loc_prot_err, false);
+      continue;
+    }
+    if ((err = c.engine().post_send(*qp->t, w))) break;
   }
   if (err && bad) *bad = wr;
   return err;

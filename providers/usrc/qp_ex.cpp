@@ -147,13 +147,12 @@ int wr_complete(ibv_qp_ex *x) {
   Context &c = *qp->ctx;
   {
     std::lock_guard g(c.engine().mu);
-    // All or none: check the room and the state before posting anything.
+    // All or none: every check that could stop ibv_post_send part way,
+    // and the room, before anything is posted.
     const auto &sq = qp->t->sq;
     if (sq.capacity() - (sq.tail - sq.head) < n) return ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-      const ibv_send_wr &w = qp->batch[i].wr;
-      if (w.num_sge < 0 || w.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
-    }
+    for (size_t i = 0; i < n; i++)
+      if (int e = check_send_wr(qp, qp->batch[i].wr)) return e;
     ibv_send_wr *bad = nullptr;
     err = post_send_locked(qp, &qp->batch[0].wr, &bad);
   }

@@ -195,6 +195,7 @@ int destroy_qp(ibv_qp *);
 int post_send(ibv_qp *, ibv_send_wr *, ibv_send_wr **);
 int post_recv(ibv_qp *, ibv_recv_wr *, ibv_recv_wr **);
 // Posts a list with the engine lock held (post_send and ibv_wr_complete).
+int check_send_wr(const Qp *qp, const ibv_send_wr &wr);
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 // qp_ex.cpp: the ibv_wr_* builders of a QP created with send_ops_flags.
 int init_qp_ex(Qp *qp, uint64_t send_ops_flags);

@@ -48,14 +48,17 @@ void Engine::requester_tx(Qp &qp) {
     if (qp.tx_psn == w.first_psn || rd) {
       // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
       if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
-      // READ/ATOMIC requests in flight before this WQE.
-      uint32_t in_flight = 0;
-      for (uint64_t pos = qp.sq.head; pos != qp.tx_pos; pos++)
-        in_flight += is_rd_atomic(qp.sq.at(pos).wr.opcode);
-      // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
-      if ((w.wr.flags & kFence) && in_flight) break;
-      // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).
-      if (rd && in_flight >= std::max<uint32_t>(qp.max_rd_atomic, 1)) break;
+      if (rd || (w.wr.flags & kFence)) {
+        // READ/ATOMIC requests in flight before this WQE (counted only
+        // when it matters: a scan of the outstanding WQEs).
+        uint32_t in_flight = 0;
+        for (uint64_t pos = qp.sq.head; pos != qp.tx_pos; pos++)
+          in_flight += is_rd_atomic(qp.sq.at(pos).wr.opcode);
+        // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
+        if ((w.wr.flags & kFence) && in_flight) break;
+        // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).
+        if (rd && in_flight >= std::max<uint32_t>(qp.max_rd_atomic, 1)) break;
+      }
     }
     // A READ takes one request packet but as many PSNs as response packets
     // (IBA 9.7.1.2). A large READ is asked for in pieces that fit the window,

@@ -786,7 +786,17 @@ TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
     ibv_wr_set_sge(x, ms->lkey, uintptr_t(src.data()), 1);
   }
   CHECK(ibv_wr_complete(x) == ENOMEM);
+  // A good WRITE before an ATOMIC whose SGE is not 8 bytes: neither goes.
+  ibv_wr_start(x);
+  x->wr_id = 8;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(x, md->rkey, uintptr_t(dst.data()));
+  ibv_wr_set_sge(x, ms->lkey, uintptr_t(src.data()), 1);
+  ibv_wr_atomic_fetch_add(x, mw->rkey, uintptr_t(&word), 1);
+  ibv_wr_set_sge(x, mo->lkey, uintptr_t(&old[0]), 4);
+  CHECK(ibv_wr_complete(x) == EINVAL);
   CHECK(poll(cq, 1, 0.3).empty());
+  CHECK(word == 99);
 
   for (ibv_mr *m : {ms, md, mr, mrd, mw, mo}) ibv_dereg_mr(m);
   CHECK(ibv_destroy_qp(qp) == 0);

@@ -289,7 +289,7 @@ void Context::kick() {
 void Context::try_progress() {
   app_polled_.store(now_ns(), std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return;
-  engine_->progress();
+  engine_->progress(true);
   engine_->mu.unlock();
   kick();
 }

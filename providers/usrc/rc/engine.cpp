@@ -39,6 +39,7 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
 }
 
 void Engine::destroy_qp(Qp *qp) {
+  tx_flush();   // held ACKs
   bool responded = qp->comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) return reap(qp);
@@ -207,7 +208,7 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-void Engine::progress() {
+void Engine::progress(bool app) {
   const auto &t = Tunables::get();
   net::RxPacket pkts[64];
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);
@@ -218,6 +219,7 @@ void Engine::progress() {
     if (n < batch) break;
   }
   // One ACK per QP per pass, however many requests asked for one.
+  const size_t queued = tx_nslots_;
   for (Qp *qp : ack_list_) {
     if (qp->ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->epsn, kPsnMask));
     qp->ack_pending = false;
@@ -238,8 +240,13 @@ void Engine::progress() {
       i++;
     }
   }
+  const size_t acked = tx_nslots_;
   for (Qp *qp : live_)
     if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
+  if (app && !acks_held_ && queued == 0 && acked == tx_nslots_ && acked > 0) {
+    acks_held_ = true;   // sent by the next post_send or progress
+    return;
+  }
   tx_flush();
 }
 
@@ -358,6 +365,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
 }
 
 void Engine::tx_flush() {
+  acks_held_ = false;
   if (!tx_count_) return;
   size_t sent = nic_->send({tx_pkts_.data(), tx_count_});
   if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);

@@ -65,7 +65,11 @@ class Engine {
   int post_recv(Qp &qp, const RecvWr &wr);
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
-  void progress();
+  // app: called from the application's poll, which is about to return the
+  // completions this pass made and will call in again: if all the pass has
+  // to send is ACKs, they wait (once) for the next transmit, so that a
+  // reply posted at once leaves with them in one system call.
+  void progress(bool app = false);
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX.
   uint64_t next_deadline() const { return next_deadline_; }
   net::Nic &nic() { return *nic_; }
@@ -142,6 +146,7 @@ class Engine {
   std::array<net::TxPacket, kTxBatch> tx_pkts_{};
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
+  bool acks_held_ = false;       // progress(app) left its ACKs in the batch
   // The last TxPacket as a GSO group: whose, its segment size and bytes.
   const Qp *grp_qp_ = nullptr;
   uint32_t grp_size_ = 0, grp_bytes_ = 0;

@@ -52,3 +52,21 @@ run_pair() {
   fi
   note "$name: $(grep -h 'bytes in' "$OUT.cli" | head -1)"
 }
+
+# veth_pair NS_A NS_B DEV_A DEV_B NET: two network namespaces joined by a
+# veth pair, NET.1 on DEV_A and NET.2 on DEV_B (/24), everything up, and
+# both carriers on (a usrc port is DOWN until its netdev's carrier is).
+# The caller deletes the namespaces.
+veth_pair() {
+  local a=$1 b=$2 da=$3 db=$4 net=$5 i
+  ip netns add $a && ip netns add $b || fail "netns"
+  ip link add $da netns $a type veth peer name $db netns $b || fail "veth"
+  ip -n $a addr add $net.1/24 dev $da && ip -n $b addr add $net.2/24 dev $db || fail "veth addresses"
+  ip -n $a link set lo up && ip -n $b link set lo up
+  ip -n $a link set $da up && ip -n $b link set $db up
+  for i in $(seq 50); do
+    ip -n $a link show $da | grep -q "state UP" && ip -n $b link show $db | grep -q "state UP" && return 0
+    sleep 0.1
+  done
+  fail "veth carrier did not come up"
+}

@@ -18,16 +18,7 @@ cleanup() {
   rm -rf "$USRC_ROOT" /tmp/usrc-out.*
 }
 trap cleanup EXIT
-ip netns add $A && ip netns add $B || fail "netns"
-ip link add va$$ netns $A type veth peer name vb$$ netns $B || fail "veth"
-ip -n $A addr add 10.201.0.1/24 dev va$$ && ip -n $B addr add 10.201.0.2/24 dev vb$$
-ip -n $A link set va$$ up && ip -n $B link set vb$$ up
-# The usrc port follows the netdev's carrier: wait until both ends are up.
-for i in $(seq 50); do
-  ip -n $A link show va$$ | grep -q "state UP" && ip -n $B link show vb$$ | grep -q "state UP" && break
-  sleep 0.1
-done
-ip -n $A link set lo up && ip -n $B link set lo up
+veth_pair $A $B va$$ vb$$ 10.201.0
 for ns in $A $B; do
   ip netns exec $ns nft -f - <<NFT || fail "nft"
 table inet usrcloss {

@@ -11,16 +11,7 @@ A=xdpA$$ B=xdpB$$
 new_root
 cleanup() { ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null; rm -rf "$USRC_ROOT" "${OUT:-/nonexistent}"*; }
 trap cleanup EXIT
-ip netns add $A && ip netns add $B || fail "netns"
-ip link add xa$$ netns $A type veth peer name xb$$ netns $B || fail "veth"
-ip -n $A addr add 10.203.0.1/24 dev xa$$ && ip -n $B addr add 10.203.0.2/24 dev xb$$
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set xa$$ up && ip -n $B link set xb$$ up
-# The usrc port follows the netdev's carrier: wait until both ends are up.
-for i in $(seq 50); do
-  ip -n $A link show xa$$ | grep -q "state UP" && ip -n $B link show xb$$ | grep -q "state UP" && break
-  sleep 0.1
-done
+veth_pair $A $B xa$$ xb$$ 10.203.0
 # One device root serves both namespaces: names differ per side. All use
 # base port 20000, so a QPN-derived port means the same on both sides.
 ip netns exec $A "$USRC" link add da netdev xa$$ backend xdp || fail "link add A xdp"

@@ -80,7 +80,10 @@ int to_init(ibv_qp *qp, int access) {
   return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
-int to_rtr(Dev &d, ibv_qp *qp, uint32_t dest_qpn, const Params &p) {
+// The RTR attributes for a peer QP on this device (with a GRH on RoCE).
+constexpr int kRtrMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+ibv_qp_attr rtr_attr(Dev &d, uint32_t dest_qpn, const Params &p) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = p.mtu;
@@ -95,8 +98,12 @@ int to_rtr(Dev &d, ibv_qp *qp, uint32_t dest_qpn, const Params &p) {
     REQUIRE(ibv_query_gid(d.ctx, 1, 0, &a.ah_attr.grh.dgid) == 0);
     a.ah_attr.grh.hop_limit = 1;
   }
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  return a;
+}
+
+int to_rtr(Dev &d, ibv_qp *qp, uint32_t dest_qpn, const Params &p) {
+  ibv_qp_attr a = rtr_attr(d, dest_qpn, p);
+  return ibv_modify_qp(qp, &a, kRtrMask);
 }
 
 int to_rts(ibv_qp *qp, const Params &p) {
@@ -633,23 +640,8 @@ TEST_CASE("two processes FETCH_AND_ADD one word", "[verbs]") {
     qps.push_back(std::make_unique<Qp>(d, 64));
     Params p;
     p.access = IBV_ACCESS_REMOTE_ATOMIC;
-    ibv_qp_attr a{};
     REQUIRE(to_init(qps[i]->qp, p.access) == 0);
-    ibv_qp_attr r{};
-    r.qp_state = IBV_QPS_RTR;
-    r.path_mtu = IBV_MTU_1024;
-    r.dest_qp_num = child;
-    r.max_dest_rd_atomic = 16;
-    r.min_rnr_timer = 12;
-    r.ah_attr.port_num = 1;
-    r.ah_attr.dlid = d.port.lid;
-    if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-      r.ah_attr.is_global = 1;
-      REQUIRE(ibv_query_gid(d.ctx, 1, 0, &r.ah_attr.grh.dgid) == 0);
-    }
-    REQUIRE(ibv_modify_qp(qps[i]->qp, &r, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
-    (void)a;
+    REQUIRE(to_rtr(d, qps[i]->qp, child, p) == 0);
     uint32_t mine = qps[i]->qp->qp_num;
     uint64_t va = uintptr_t(&word);
     REQUIRE(write(to_child[i][1], &mine, 4) == 4);
@@ -957,19 +949,10 @@ TEST_CASE("QP attributes: out-of-range values refused, pacing attributes reporte
   Dev d;
   Qp a(d);
   REQUIRE(to_init(a.qp, 0) == 0);
-  ibv_qp_attr at{};
-  at.qp_state = IBV_QPS_RTR;
-  at.path_mtu = IBV_MTU_1024;
-  at.dest_qp_num = a.qp->qp_num;
-  at.min_rnr_timer = 12;
-  at.ah_attr.port_num = 1;
-  at.ah_attr.dlid = d.port.lid;
-  if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-    at.ah_attr.is_global = 1;
-    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &at.ah_attr.grh.dgid) == 0);
-  }
-  const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  Params rp;
+  rp.rd_atomic = 0;
+  ibv_qp_attr at = rtr_attr(d, a.qp->qp_num, rp);
+  const int rtr = kRtrMask;
   ibv_qp_attr bad = at;
   bad.ah_attr.sl = 16;
   CHECK(ibv_modify_qp(a.qp, &bad, rtr) == EINVAL);

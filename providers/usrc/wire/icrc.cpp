@@ -19,8 +19,9 @@ constexpr size_t kIpv4Len = 20, kUdpLen = 8;
 // CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the one zlib
 // computes. zlib 1.2.13 costs ~100 ns of setup per call below a few hundred
 // bytes, which is every ACK and the 48-byte masked prefix of every packet,
-// so short pieces go through this slicing-by-8 loop and long ones through
-// ISA-L (carry-less multiply, several GB/s) or else zlib (under 1 GB/s).
+// so without ISA-L (carry-less multiply: fast at every length, several
+// GB/s) short pieces go through this slicing-by-8 loop and long ones
+// through zlib (under 1 GB/s).
 // All take and return the finished CRC, so they chain either way.
 constexpr uint32_t kCrcPoly = 0xedb88320;
 using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
@@ -41,10 +42,10 @@ constexpr size_t kZlibFrom = 256;   // measured crossover on x86-64 (EPYC): ~256
 
 uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) {
 #ifdef USRC_HAVE_ISAL
-  if (n >= kZlibFrom) return crc32_gzip_refl(crc, p, n);
-#else
-  if (n >= kZlibFrom) return static_cast<uint32_t>(crc32_z(crc, p, n));
+  // ISA-L wins at every length (about 11 ns for 16 bytes, 15 for 48).
+  return crc32_gzip_refl(crc, p, n);
 #endif
+  if (n >= kZlibFrom) return static_cast<uint32_t>(crc32_z(crc, p, n));
   crc = ~crc;
   for (; n >= 8; p += 8, n -= 8) {
     uint32_t lo, hi;   // little-endian loads: byte 0 meets the low CRC byte

@@ -17,7 +17,7 @@ void Engine::complete_head(Qp &qp) {
                       w.wr.opcode == WrOpcode::rdma_read ? w.length
                       : is_rd_atomic(w.wr.opcode)        ? 8u
                                                          : w.length,
-                      0, qp.qpn, 0, 0, clock_()});
+                      0, qp.qpn, 0, 0, stamp()});
   qp.sq.head++;
 }
 
@@ -38,7 +38,7 @@ void Engine::arm_retransmit(Qp &qp) {
   qp.rto_deadline = 0;
   const uint64_t t = local_ack_timeout_ns(qp.timeout);
   if (!t) return;   // timeout 0: wait for ever (IBA 9.7.6.1.3)
-  const uint64_t now = clock_();
+  const uint64_t now = stamp();
   qp.ack_deadline = now + t;
   arm_timer(qp.ack_deadline);
   if (!qp.srtt) return;
@@ -210,7 +210,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
 void Engine::fail_head(Qp &qp, WcStatus st) {
   if (!qp.sq.empty()) {
     SendWqe &w = qp.sq.at(qp.sq.head);
-    push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, clock_()});
+    push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, stamp()});
     qp.sq.head++;
   }
   // Reported by the completion, not as an async event (IBA 10.8.3.1).

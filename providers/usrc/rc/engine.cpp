@@ -209,6 +209,11 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
 }
 
 void Engine::progress(bool app) {
+  struct Pass {
+    Engine &e;
+    ~Pass() { e.pass_time_ = 0; }
+  } pass{*this};
+  pass_time_ = clock_();
   const auto &t = Tunables::get();
   net::RxPacket pkts[64];
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);

@@ -33,7 +33,7 @@ void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool 
                            uint32_t imm_be, bool solicited) {
   RecvWqe &r = qp.rq.at(qp.rq.head);
   push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn,
-                    qp.dlid, clock_()});
+                    qp.dlid, stamp()});
   qp.rq.head++;
 }
 

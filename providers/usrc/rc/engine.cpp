@@ -323,10 +323,18 @@ Engine::TxSlot &Engine::tx_slot() {
 // iov[1..pieces] = payload, then pad and ICRC (RoCEv2: IBA A16.4.1).
 void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces) {
   TxSlot &s = tx_slots_[tx_nslots_];
-  s.iov[0] = {s.hdr, hdr_len};
-  uint8_t pad = wire::pad_for(payload_len);
-  std::memset(s.trailer, 0, 4);
-  size_t n = 1 + pieces;
+  const uint8_t pad = wire::pad_for(payload_len);
+  if (pieces && payload_len <= kTxCopy) {
+    // A small payload goes behind the headers (see kTxCopy).
+    uint8_t *p = s.hdr + hdr_len;
+    for (size_t i = 1; i <= pieces; i++) {
+      std::memcpy(p, s.iov[i].iov_base, s.iov[i].iov_len);
+      p += s.iov[i].iov_len;
+    }
+    hdr_len += payload_len;
+    payload_len = 0;
+    pieces = 0;
+  }
   const uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
   // Segmentation offload: the packet joins the one before when that one is
   // to the same QP, of the same size (the last of a group may be shorter),
@@ -338,18 +346,32 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;
   wire::set_seg(s.hdr, static_cast<uint8_t>(seg));
-  if (pad) s.iov[n++] = {s.trailer, pad};
   // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
   const uint16_t sport = qp.sport ? qp.sport : nic_->local().port;
   wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, sport, qp.peer.port};
   ip.ip_id = seg;
-  uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
-  if (pad) {
-    wire::store_icrc(s.trailer + pad, icrc);
-    s.iov[n - 1].iov_len = pad + wire::kIcrcLen;
+  size_t n;
+  if (pieces == 0) {
+    // One buffer: headers [+ payload], pad, ICRC.
+    std::memset(s.hdr + hdr_len, 0, pad);
+    s.iov[0] = {s.hdr, hdr_len + pad};
+    wire::store_icrc(s.hdr + hdr_len + pad, wire::icrc_ipv4(ip, s.iov, 1));
+    s.iov[0].iov_len += wire::kIcrcLen;
+    n = 1;
   } else {
-    wire::store_icrc(s.trailer, icrc);
-    s.iov[n++] = {s.trailer, wire::kIcrcLen};
+    // iov[0] headers, iov[1..pieces] the payload in place, then pad + ICRC.
+    s.iov[0] = {s.hdr, hdr_len};
+    n = 1 + pieces;
+    std::memset(s.trailer, 0, 4);
+    if (pad) s.iov[n++] = {s.trailer, pad};
+    const uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
+    if (pad) {
+      wire::store_icrc(s.trailer + pad, icrc);
+      s.iov[n - 1].iov_len = pad + wire::kIcrcLen;
+    } else {
+      wire::store_icrc(s.trailer, icrc);
+      s.iov[n++] = {s.trailer, wire::kIcrcLen};
+    }
   }
   if (join) {
     g->iovcnt += n;

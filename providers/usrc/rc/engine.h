@@ -140,8 +140,11 @@ class Engine {
   // equal-sized packets to the same QP becomes one segmented TxPacket (UDP
   // GSO) by extending the iovecs of the one before.
   static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
+  // A payload up to kTxCopy bytes is copied behind the headers: one iovec
+  // per packet instead of three or more (the kernel imports each one).
+  static constexpr size_t kTxCopy = 256;
   struct TxSlot {
-    uint8_t hdr[64];
+    uint8_t hdr[64 + kTxCopy + 8];   // headers [+ payload + pad + ICRC]
     uint8_t trailer[8];          // pad + ICRC
     iovec *iov;                  // into tx_iov_
   };

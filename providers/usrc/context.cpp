@@ -287,9 +287,10 @@ void Context::kick() {
 }
 
 void Context::try_progress() {
-  app_polled_.store(now_ns(), std::memory_order_relaxed);
+  const uint64_t now = now_ns();
+  app_polled_.store(now, std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return;
-  engine_->progress(true);
+  engine_->progress(true, now);
   engine_->mu.unlock();
   kick();
 }

@@ -208,12 +208,12 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-void Engine::progress(bool app) {
+void Engine::progress(bool app, uint64_t now) {
   struct Pass {
     Engine &e;
     ~Pass() { e.pass_time_ = 0; }
   } pass{*this};
-  pass_time_ = clock_();
+  pass_time_ = now ? now : clock_();
   const auto &t = Tunables::get();
   net::RxPacket pkts[64];
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);
@@ -231,7 +231,7 @@ void Engine::progress(bool app) {
   }
   ack_list_.clear();
 
-  uint64_t now = clock_();
+  now = pass_time_;   // timers: the pass start is recent enough
   if (now >= next_deadline_) {
     next_deadline_ = UINT64_MAX;
     for (size_t i = 0; i < live_.size();) {

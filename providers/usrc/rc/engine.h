@@ -69,7 +69,8 @@ class Engine {
   // completions this pass made and will call in again: if all the pass has
   // to send is ACKs, they wait (once) for the next transmit, so that a
   // reply posted at once leaves with them in one system call.
-  void progress(bool app = false);
+  // now: the caller's clock reading, if it has one (0: read it here).
+  void progress(bool app = false, uint64_t now = 0);
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX.
   uint64_t next_deadline() const { return next_deadline_; }
   net::Nic &nic() { return *nic_; }

@@ -313,7 +313,8 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     window_loss(qp, false);
     go_back_n(qp, qp.una_psn);
     requester_tx(qp);
-    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << ++qp.rto_backoff;
+    if (qp.rto_backoff < 30) qp.rto_backoff++;
+    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
     if (now + rto < qp.ack_deadline) {
       qp.rto_deadline = now + rto;
       arm_timer(qp.rto_deadline);

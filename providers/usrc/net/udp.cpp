@@ -161,9 +161,10 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
       if (p.segs > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP)) {
         // The route's device cannot take GSO (no checksum offload, an MTU
         // below the segment): datagram by datagram from now on.
-        log().warn("UDP GSO refused ({}): sending datagram by datagram", strerror(errno));
+        if (gso_segs_ > 1)
+          log().warn("UDP GSO refused ({}): sending datagram by datagram", strerror(errno));
         gso_segs_ = 1;
-        dgrams += send_segments(fd, p);
+        dgrams += send_segments(p);
       }
       // An unreachable or refused peer must not stall the others: skip the
       // head packet; the transport's retransmission covers it.
@@ -176,17 +177,17 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
   return dgrams;
 }
 
-// A segmented packet sent as separate datagrams (after GSO was refused).
-size_t UdpNic::send_segments(int fd, const TxPacket &p) {
+// A segmented packet sent as separate datagrams (after GSO was refused),
+// each with the packet's TOS, TTL and source port.
+size_t UdpNic::send_segments(const TxPacket &p) {
   size_t sent = 0;
-  sockaddr_in a = to_sockaddr(p.dst);
   for_each_segment(p, [&](const iovec *iov, size_t n, uint16_t) {
-    msghdr h{};
-    h.msg_name = &a;
-    h.msg_namelen = sizeof a;
-    h.msg_iov = const_cast<iovec *>(iov);
-    h.msg_iovlen = n;
-    if (::sendmsg(fd, &h, 0) >= 0) sent++;
+    TxPacket one = p;
+    one.iov = iov;
+    one.iovcnt = n;
+    one.gso_size = 0;
+    one.segs = 1;
+    sent += send({&one, 1});
   });
   return sent;
 }

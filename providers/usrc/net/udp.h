@@ -32,7 +32,7 @@ class UdpNic final : public Nic {
 
  private:
   UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, bool gro);
-  size_t send_segments(int fd, const TxPacket &p);
+  size_t send_segments(const TxPacket &p);
   int fd_;
   Endpoint local_;
   uint32_t rcvbuf_ = 0;

@@ -230,6 +230,7 @@ void Engine::progress(bool app, uint64_t now) {
     qp->ack_pending = false;
   }
   ack_list_.clear();
+  const size_t acks_end = tx_nslots_;
 
   now = pass_time_;   // timers: the pass start is recent enough
   if (now >= next_deadline_) {
@@ -245,10 +246,10 @@ void Engine::progress(bool app, uint64_t now) {
       i++;
     }
   }
-  const size_t acked = tx_nslots_;
   for (Qp *qp : live_)
     if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
-  if (app && !acks_held_ && queued == 0 && acked == tx_nslots_ && acked > 0) {
+  // Only ACKs to send (no resend from a timer, no request): hold them.
+  if (app && !acks_held_ && queued == 0 && acks_end > 0 && tx_nslots_ == acks_end) {
     acks_held_ = true;   // sent by the next post_send or progress
     return;
   }

@@ -248,6 +248,9 @@ void Context::progress_loop() {
         last_flush_ = now;
       }
       deadline = engine_->next_deadline();
+      // Received packets held by the NIC (the rest of a coalesced receive)
+      // do not show on its fd: run again at once.
+      if (engine_->nic().rx_pending()) deadline = 0;
       // A NIC without a wait fd is looked at on a short period instead.
       if (fds[0].fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
       if (deadline == UINT64_MAX) flush_counters();
@@ -288,10 +291,23 @@ void Context::kick() {
 
 void Context::try_progress() {
   const uint64_t now = now_ns();
-  app_polled_.store(now, std::memory_order_relaxed);
+  const uint64_t prev = app_polled_.exchange(now, std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return;
-  engine_->progress(true, now);
+  // ACKs may wait for the application's next call only while it polls in a
+  // loop: the progress thread then looks in within USRC_APP_QUIET_US and
+  // sends them should the application stop. After a quiet spell that
+  // thread may be asleep on the socket with no timeout: send at once.
+  const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
+  const bool looping = now - prev < quiet;
+  engine_->progress(looping, now);
+  const bool pending = engine_->nic().rx_pending();
   engine_->mu.unlock();
+  if (pending && !looping) {
+    // Packets left in the NIC and an application that may not call again:
+    // the progress thread, maybe asleep on the socket, takes them.
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+  }
   kick();
 }
 

@@ -57,6 +57,9 @@ class Nic {
   virtual size_t recv(std::span<RxPacket> out) = 0;
   // The most datagrams one TxPacket may carry (1: no segmentation offload).
   virtual uint32_t gso_segments() const { return 1; }
+  // Datagrams already received from the kernel and not yet handed out by
+  // recv() (the rest of a coalesced receive): wait_fd() does not show them.
+  virtual bool rx_pending() const { return false; }
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.

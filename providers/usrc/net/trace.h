@@ -26,6 +26,7 @@ class TraceNic final : public Nic {
   size_t recv(std::span<RxPacket> out) override;
   void add_peer(Endpoint e) override { inner_->add_peer(e); }
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
+  bool rx_pending() const override { return inner_->rx_pending(); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}

@@ -157,14 +157,14 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
     int r = ::sendmmsg(fd, tx_msgs_.data(), n, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
-      const TxPacket &p = pkts[done];
-      if (p.segs > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP)) {
+      if (const TxPacket &p = pkts[done]; p.segs > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP) &&
+          gso_segs_ > 1) {
         // The route's device cannot take GSO (no checksum offload, an MTU
-        // below the segment): datagram by datagram from now on.
-        if (gso_segs_ > 1)
-          log().warn("UDP GSO refused ({}): sending datagram by datagram", strerror(errno));
+        // below the segment): no more GSO. This send is dropped, not split
+        // here: its ICRCs assume the IP IDs of a GSO send; the transport
+        // resends the packets, built one datagram each.
+        log().warn("UDP GSO refused ({}): sending datagram by datagram", strerror(errno));
         gso_segs_ = 1;
-        dgrams += send_segments(p);
       }
       // An unreachable or refused peer must not stall the others: skip the
       // head packet; the transport's retransmission covers it.
@@ -175,21 +175,6 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
     done += r;
   }
   return dgrams;
-}
-
-// A segmented packet sent as separate datagrams (after GSO was refused),
-// each with the packet's TOS, TTL and source port.
-size_t UdpNic::send_segments(const TxPacket &p) {
-  size_t sent = 0;
-  for_each_segment(p, [&](const iovec *iov, size_t n, uint16_t) {
-    TxPacket one = p;
-    one.iov = iov;
-    one.iovcnt = n;
-    one.gso_size = 0;
-    one.segs = 1;
-    sent += send({&one, 1});
-  });
-  return sent;
 }
 
 size_t UdpNic::recv(std::span<RxPacket> out) {

@@ -28,11 +28,11 @@ class UdpNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return gso_segs_; }
+  bool rx_pending() const override { return rx_i_ < rx_n_; }
   uint32_t rcvbuf() const { return rcvbuf_; }
 
  private:
   UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, bool gro);
-  size_t send_segments(const TxPacket &p);
   int fd_;
   Endpoint local_;
   uint32_t rcvbuf_ = 0;

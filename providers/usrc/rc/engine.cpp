@@ -79,6 +79,7 @@ void Engine::set_sq_psn(Qp &qp, uint32_t psn) {
 }
 
 void Engine::set_state(Qp &qp, QpState s) {
+  tx_flush();   // nothing built under the old state or path stays queued
   QpState old = qp.state;
   qp.state = s;
   switch (s) {
@@ -221,7 +222,7 @@ void Engine::progress(bool app, uint64_t now) {
   for (int round = 0; round < 4; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n; i++) handle_packet(pkts[i]);
-    if (n < batch) break;
+    if (n < batch && !nic_->rx_pending()) break;
   }
   // One ACK per QP per pass, however many requests asked for one.
   const size_t queued = tx_nslots_;
@@ -342,7 +343,9 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // and the group still fits one UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
   const bool join = g && grp_open_ && grp_qp_ == &qp && len <= grp_size_ &&
-                    g->segs < nic_->gso_segments() && grp_bytes_ + len <= kMaxGsoBytes;
+                    g->segs < nic_->gso_segments() && grp_bytes_ + len <= kMaxGsoBytes &&
+                    g->dst == qp.peer && g->tos == qp.tos && g->ttl == qp.ttl &&
+                    g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;

@@ -8,7 +8,6 @@
 #include <sys/uio.h>
 
 #include <cstddef>
-#include <algorithm>
 #include <cstdint>
 #include <span>
 
@@ -65,26 +64,5 @@ class Nic {
   // here, off the datapath.
   virtual void add_peer(Endpoint) {}
 };
-
-// Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
-// (gso_size bytes each, the last may be shorter): for backends and
-// decorators that must see datagrams one by one.
-template <class F>
-void for_each_segment(const TxPacket &p, F &&f) {
-  constexpr size_t kMaxPieces = 32;
-  iovec piece[kMaxPieces];
-  size_t i = 0, off = 0;   // position in p.iov
-  for (uint16_t k = 0; i < p.iovcnt; k++) {
-    size_t want = p.gso_size ? p.gso_size : SIZE_MAX, n = 0;
-    while (want && i < p.iovcnt && n < kMaxPieces) {
-      size_t take = std::min(want, p.iov[i].iov_len - off);
-      piece[n++] = {static_cast<uint8_t *>(p.iov[i].iov_base) + off, take};
-      want -= take;
-      off += take;
-      if (off == p.iov[i].iov_len) i++, off = 0;
-    }
-    f(static_cast<const iovec *>(piece), n, k);
-  }
-}
 
 }  // namespace usrc::net

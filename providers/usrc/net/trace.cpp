@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -60,6 +61,26 @@ std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::stri
 }
 
 TraceNic::~TraceNic() { fclose(f_); }
+
+// Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
+// (gso_size bytes each, the last may be shorter).
+template <class F>
+static void for_each_segment(const TxPacket &p, F &&f) {
+  constexpr size_t kMaxPieces = 32;
+  iovec piece[kMaxPieces];
+  size_t i = 0, off = 0;   // position in p.iov
+  for (uint16_t k = 0; i < p.iovcnt; k++) {
+    size_t want = p.gso_size ? p.gso_size : SIZE_MAX, n = 0;
+    while (want && i < p.iovcnt && n < kMaxPieces) {
+      size_t take = std::min(want, p.iov[i].iov_len - off);
+      piece[n++] = {static_cast<uint8_t *>(p.iov[i].iov_base) + off, take};
+      want -= take;
+      off += take;
+      if (off == p.iov[i].iov_len) i++, off = 0;
+    }
+    f(static_cast<const iovec *>(piece), n, k);
+  }
+}
 
 // One IPv4/UDP datagram as the kernel sends it: DF, IP ID 0 (segment i of
 // a GSO send: i), the TOS and TTL the packet asked for, UDP checksum 0 (not

@@ -338,14 +338,14 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     pieces = 0;
   }
   const uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
-  // Segmentation offload: the packet joins the one before when that one is
-  // to the same QP, of the same size (the last of a group may be shorter),
-  // and the group still fits one UDP datagram's 64 KB.
+  // Segmentation offload: the packet joins the one before when that one
+  // takes the same path (destination, TOS, TTL, source port), is of the same
+  // size (the last of a group may be shorter), and the group still fits one
+  // UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
-  const bool join = g && grp_open_ && grp_qp_ == &qp && len <= grp_size_ &&
-                    g->segs < nic_->gso_segments() && grp_bytes_ + len <= kMaxGsoBytes &&
-                    g->dst == qp.peer && g->tos == qp.tos && g->ttl == qp.ttl &&
-                    g->src_port == qp.sport;
+  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < nic_->gso_segments() &&
+                    grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
+                    g->ttl == qp.ttl && g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;
@@ -385,7 +385,6 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     grp_open_ = len == grp_size_;
   } else {
     tx_pkts_[tx_count_++] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport, 0, 1};
-    grp_qp_ = &qp;
     grp_size_ = grp_bytes_ = len;
     grp_open_ = true;
   }

@@ -138,7 +138,7 @@ class Engine {
 
   // The transmit batch: up to kTxBatch packets, each built in a slot (its
   // headers and trailer) with its iovecs in one flat array, so that a run of
-  // equal-sized packets to the same QP becomes one segmented TxPacket (UDP
+  // equal-sized packets on the same path becomes one segmented TxPacket (UDP
   // GSO) by extending the iovecs of the one before.
   static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
@@ -155,8 +155,7 @@ class Engine {
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   bool acks_held_ = false;       // progress(app) left its ACKs in the batch
-  // The last TxPacket as a GSO group: whose, its segment size and bytes.
-  const Qp *grp_qp_ = nullptr;
+  // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
 };

@@ -16,10 +16,13 @@ trap 'kill $tpid 2>/dev/null; "$USRC" link del ph_ib >/dev/null 2>&1; "$USRC" li
 
 check() {   # check DEV PORT: run the path traffic on DEV under a capture
   local dev=$1 port=$2
-  rm -f "$CAP"
+  # The log of the previous capture goes first: its "Capturing on" line
+  # would otherwise pass the wait below before this capture has started.
+  rm -f "$CAP" "$CAP.log"
   timeout 60 tshark -q -i lo -f "udp and dst portrange $((port + 1))-$((port + 4095))" -w "$CAP" >"$CAP.log" 2>&1 &
   tpid=$!
-  for i in $(seq 100); do grep -q "Capturing on" "$CAP.log" && break; sleep 0.1; done
+  for i in $(seq 100); do grep -qs "Capturing on" "$CAP.log" && break; sleep 0.1; done
+  grep -qs "Capturing on" "$CAP.log" || fail "$dev: tshark did not start capturing"
   sleep 0.3
   # A capture on lo shows a UDP GSO send as one large packet (a NIC or the
   # receiving socket splits it), so the datagrams are checked without GSO.

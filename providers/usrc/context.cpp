@@ -230,7 +230,14 @@ void Context::progress_loop() {
   pollfd fds[3] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0},
                    {nl_fd_, POLLIN, 0}};
   constexpr uint64_t kNoWaitFdPollNs = 200'000;
-  const uint32_t spin_us = Tunables::get().busy_poll_us;
+  // Busy polling: while packets keep coming, look again instead of going
+  // to sleep, for up to spin_ns after the last one. A stream's next packets
+  // are then taken without a wake-up (tens of microseconds on a VM, and a
+  // cost to the sender, whose send must wake us). Never at real-time
+  // priority: a spinning FIFO thread would keep the application off its core.
+  const uint64_t spin_ns =
+      Tunables::get().progress_rt ? 0 : uint64_t(Tunables::get().busy_poll_us) * 1000;
+  uint64_t last_rx = 0;
   // While the application polls its CQs it receives in its own thread; this
   // thread then stays off the socket (two threads racing for the same
   // packets cost a wake-up and a core each) and looks again only when the
@@ -241,8 +248,9 @@ void Context::progress_loop() {
     bool app_active;
     {
       std::lock_guard g(engine_->mu);
-      engine_->progress();
+      const size_t received = engine_->progress();
       now = now_ns();
+      if (received) last_rx = now;
       if (now - last_flush_ > 10'000'000) {
         flush_counters();
         last_flush_ = now;
@@ -262,10 +270,7 @@ void Context::progress_loop() {
     }
     if (deadline <= now) continue;
     fds[0].events = app_active ? 0 : POLLIN;
-    if (spin_us && !app_active) {
-      pollfd f = fds[0];
-      if (poll(&f, 1, 0) > 0) continue;
-    }
+    if (!app_active && now - last_rx < spin_ns) continue;
     timespec ts, *tsp = nullptr;
     if (deadline != UINT64_MAX) {
       uint64_t d = deadline - now;

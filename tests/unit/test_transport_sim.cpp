@@ -402,6 +402,39 @@ TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive"
   CHECK(target[80000] == 0);
 }
 
+TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower", "[sim]") {
+  net::SimFaults f;
+  f.drop = 0.03;
+  Pair p(21, f);
+  p.a.qp->timeout = 20;   // no Local ACK Timeout: only NAKs and the RTO act
+  REQUIRE(p.a.qp->cwnd == 64);
+  std::vector<uint8_t> target(1 << 20, 0), src(1 << 20);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 13);
+  p.b.mem.regions[5] = {target.data(), 0, target.size(), kAccessRemoteWrite};
+  SendWr w;
+  w.opcode = WrOpcode::rdma_write;
+  w.flags = kSignaled;
+  w.rkey = 5;
+  w.num_sge = 1;
+  for (uint32_t i = 0; i < 64; i++) {   // 64 x 16 packets
+    w.wr_id = i;
+    w.remote_va = i * 16384;
+    w.sge[0] = {src.data() + i * 16384, 16384};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  uint32_t min_cwnd = p.a.qp->cwnd;
+  size_t done = 0;
+  REQUIRE(p.run([&] {
+    min_cwnd = std::min(min_cwnd, p.a.qp->cwnd);
+    done += drain(p.a.scq).size();
+    return done == 64;
+  }));
+  CHECK(p.a.e->counters[uint32_t(Counter::seq_naks_rcvd)] >= 5);
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
+  CHECK(min_cwnd == 32);   // halved down to 32 packets (README), never below
+  CHECK(std::memcmp(target.data(), src.data(), src.size()) == 0);
+}
+
 TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing written", "[sim]") {
   for (int variant = 0; variant < 3; variant++) {
     DYNAMIC_SECTION("variant " << variant) {

@@ -71,9 +71,8 @@ void Engine::implied_nak(Qp &qp) {
 
 // The send window after a loss and as ACKs arrive (Qp::cwnd).
 void Engine::window_loss(Qp &qp, bool timeout) {
-  const uint32_t floor = std::min<uint32_t>(kMinWindow, qp.window);
-  qp.ssthresh = std::max(qp.cwnd / 2, floor);
-  qp.cwnd = timeout ? floor : qp.ssthresh;
+  qp.ssthresh = std::max(qp.cwnd / 2, std::min(kLossWindow, qp.window));
+  qp.cwnd = timeout ? std::min(kMinWindow, qp.window) : qp.ssthresh;
   qp.cwnd_acc = 0;
 }
 

@@ -209,7 +209,7 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-void Engine::progress(bool app, uint64_t now) {
+size_t Engine::progress(bool app, uint64_t now) {
   struct Pass {
     Engine &e;
     ~Pass() { e.pass_time_ = 0; }
@@ -219,9 +219,11 @@ void Engine::progress(bool app, uint64_t now) {
   net::RxPacket pkts[64];
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);
   // Bounded work per call: at most four batches.
+  size_t received = 0;
   for (int round = 0; round < 4; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n; i++) handle_packet(pkts[i]);
+    received += n;
     if (n < batch && !nic_->rx_pending()) break;
   }
   // One ACK per QP per pass, however many requests asked for one.
@@ -252,9 +254,10 @@ void Engine::progress(bool app, uint64_t now) {
   // Only ACKs to send (no resend from a timer, no request): hold them.
   if (app && !acks_held_ && queued == 0 && acks_end > 0 && tx_nslots_ == acks_end) {
     acks_held_ = true;   // sent by the next post_send or progress
-    return;
+    return received;
   }
   tx_flush();
+  return received;
 }
 
 void Engine::handle_packet(const net::RxPacket &pkt) {

@@ -70,7 +70,8 @@ class Engine {
   // to send is ACKs, they wait (once) for the next transmit, so that a
   // reply posted at once leaves with them in one system call.
   // now: the caller's clock reading, if it has one (0: read it here).
-  void progress(bool app = false, uint64_t now = 0);
+  // Returns how many packets it received.
+  size_t progress(bool app = false, uint64_t now = 0);
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX.
   uint64_t next_deadline() const { return next_deadline_; }
   net::Nic &nic() { return *nic_; }

@@ -13,6 +13,11 @@ constexpr uint32_t kMaxWr = 16384;       // per queue
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 constexpr uint64_t kMinRtoNs = 2'000'000;    // the adaptive retransmission timeout's floor
 constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (Qp::cwnd)
+// Packets in flight after a loss that later packets revealed (a NAK): a
+// random loss of 1% would otherwise hold the window near 14 packets, where
+// go-back-N stalls more than it resends; 32 still lets some hundred QPs
+// share one receiver's socket buffer. Timeouts go down to kMinWindow.
+constexpr uint32_t kLossWindow = 32;
 constexpr uint32_t kMaxGsoBytes = 65507;     // UDP payload of one IPv4 datagram (GSO send)
 
 enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };

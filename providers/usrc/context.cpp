@@ -263,7 +263,8 @@ void Context::progress_loop() {
       if (fds[0].fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
       if (deadline == UINT64_MAX) flush_counters();
       uint64_t polled = app_polled_.load(std::memory_order_relaxed);
-      app_active = now - polled < kAppQuietNs;
+      // (polled may be later than now: the application polls all along.)
+      app_active = polled + kAppQuietNs > now;
       if (app_active) deadline = std::min(deadline, polled + kAppQuietNs);
       // kick() wakes us only for a timer earlier than this.
       sleep_until_.store(deadline, std::memory_order_release);
@@ -303,7 +304,7 @@ void Context::try_progress() {
   // sends them should the application stop. After a quiet spell that
   // thread may be asleep on the socket with no timeout: send at once.
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
-  const bool looping = now - prev < quiet;
+  const bool looping = prev + quiet > now;   // prev may be later (another thread)
   engine_->progress(looping, now);
   const bool pending = engine_->nic().rx_pending();
   engine_->mu.unlock();

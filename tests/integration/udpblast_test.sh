@@ -1,6 +1,7 @@
 #!/bin/bash
 # udpblast on loopback for 1 s, with and without GSO/GRO: the receiver must
-# have seen data. Usage: udpblast_test.sh UDPBLAST
+# have seen data; then its busy-polled ping-pong must report round trips.
+# Usage: udpblast_test.sh UDPBLAST
 set -u
 B=$1
 for g in "" -g; do
@@ -16,4 +17,15 @@ for g in "" -g; do
   rm -f "$out"
   [ "${bytes:-0}" -gt 1000000 ] || { echo "FAIL: only ${bytes:-0} bytes received $g"; exit 1; }
 done
+port=$(( 10000 + RANDOM % 15000 ))
+timeout 20 "$B" -s -P -p $port -t 1 >/dev/null &
+spid=$!
+sleep 0.2
+out=$(timeout 20 "$B" -c 127.0.0.1 -P -p $port -m 64 -t 1) || { echo "FAIL: ping-pong client"; exit 1; }
+wait $spid || { echo "FAIL: ping-pong server"; exit 1; }
+echo "$out"
+# At least a thousand round trips, and a median that is a real figure.
+echo "$out" | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
+                   END { exit !(v["size"] == 64 && v["n"] >= 1000 && v["median_us"] > 0 && v["median_us"] < 10000) }' ||
+  { echo "FAIL: ping-pong report"; exit 1; }
 echo PASS

@@ -7,6 +7,12 @@
 //   udpblast -s [-p PORT] [-g] [-t SECONDS]             receive, print a line
 //   udpblast -c HOST [-p PORT] [-m SIZE] [-g] [-t SECONDS]   send for SECONDS
 //
+// With -P, a ping-pong instead, both sides polling their socket without
+// sleeping (as perftest's latency tests poll their CQs): the server echoes
+// each datagram, the client sends SIZE bytes (up to one datagram), waits for
+// the echo and, after SECONDS, prints the median half round trip
+//   udpblast pingpong size=S n=N median_us=M min_us=M
+//
 // Messages larger than one datagram (65507 bytes) are sent as 65507-byte
 // datagrams. The receiver stops 0.5 s after traffic stops (or after
 // SECONDS + 5 with no traffic at all) and prints
@@ -17,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -141,29 +148,95 @@ int send_to(const char *host, int port, size_t size, bool gso, double secs) {
   return 0;
 }
 
+// Busy-polled ping-pong (-P): the kernel's floor for a polling verbs
+// program's round trip, without the wake-up a blocking socket adds.
+int pingpong_server(int port, double secs) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) die("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) die("bind");
+  printf("udpblast listening on %d\n", port);
+  fflush(stdout);
+  std::vector<char> buf(kBuf);
+  uint64_t msgs = 0;
+  auto last = Clock::now();
+  const auto give_up = last + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(secs + 5));
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t fl = sizeof from;
+    ssize_t n = recvfrom(fd, buf.data(), buf.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&from), &fl);
+    if (n < 0) {
+      auto now = Clock::now();
+      if (msgs ? now - last > std::chrono::milliseconds(500) : now > give_up) break;
+      continue;
+    }
+    sendto(fd, buf.data(), n, 0, reinterpret_cast<sockaddr *>(&from), fl);
+    msgs++;
+    last = Clock::now();
+  }
+  return msgs ? 0 : 2;
+}
+
+int pingpong_client(const char *host, int port, size_t size, double secs) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) die("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) die("address");
+  if (connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) die("connect");
+  size = std::min(size, kMaxDgram);
+  std::vector<char> out(size, 'u'), in(kBuf);
+  std::vector<double> rtt;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(secs));
+  for (int warm = -1000; Clock::now() < end; warm++) {
+    const auto t0 = Clock::now();
+    if (send(fd, out.data(), size, 0) < 0) die("send");
+    ssize_t n;
+    // A lost datagram (loopback drops none unless its buffer overflows)
+    // would stall the loop: give up on it after a second.
+    while ((n = recv(fd, in.data(), in.size(), MSG_DONTWAIT)) < 0)
+      if (Clock::now() - t0 > std::chrono::seconds(1)) break;
+    if (n < 0) continue;
+    if (warm >= 0) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  if (rtt.empty()) {
+    fprintf(stderr, "udpblast: no echo from %s:%d\n", host, port);
+    return 2;
+  }
+  std::sort(rtt.begin(), rtt.end());
+  printf("udpblast pingpong size=%zu n=%zu median_us=%.3f min_us=%.3f\n", size, rtt.size(),
+         rtt[rtt.size() / 2] / 2, rtt[0] / 2);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   const char *host = nullptr;
-  bool server = false, gso = false;
+  bool server = false, gso = false, pingpong = false;
   int port = 19999;
   size_t size = 65536;
   double secs = 2;
   int o;
-  while ((o = getopt(argc, argv, "sc:p:m:gt:")) != -1) switch (o) {
+  while ((o = getopt(argc, argv, "sc:p:m:gPt:")) != -1) switch (o) {
       case 's': server = true; break;
       case 'c': host = optarg; break;
       case 'p': port = atoi(optarg); break;
       case 'm': size = strtoull(optarg, nullptr, 0); break;
       case 'g': gso = true; break;
+      case 'P': pingpong = true; break;
       case 't': secs = atof(optarg); break;
       default:
-        fprintf(stderr, "usage: udpblast -s [-p PORT] [-g] [-t S] | -c HOST [-p PORT] [-m SIZE] [-g] [-t S]\n");
+        fprintf(stderr, "usage: udpblast -s [-p PORT] [-g|-P] [-t S] | -c HOST [-p PORT] [-m SIZE] [-g|-P] [-t S]\n");
         return 1;
     }
   if (server == (host != nullptr) || size == 0) {
     fprintf(stderr, "udpblast: give exactly one of -s or -c HOST, and a size > 0\n");
     return 1;
   }
+  if (pingpong) return server ? pingpong_server(port, secs) : pingpong_client(host, port, size, secs);
   return server ? receive(port, gso, secs) : send_to(host, port, size, gso, secs);
 }

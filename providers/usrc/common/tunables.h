@@ -18,9 +18,10 @@ namespace usrc {
     " no GRO)")                                                                            \
   X(uint32_t, retransmit_cap, "USRC_RETRANSMIT_CAP", 256,                                  \
     "Max packets one QP (re)transmits per progress pass")                                  \
-  X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 0,                                        \
+  X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 50,                                       \
     "Progress thread keeps polling this long after the last packet it received before"    \
-    " sleeping (0: sleep at once; ignored with USRC_PROGRESS_RT)")                          \
+    " sleeping, on an otherwise idle core (0: sleep at once; ignored with"                 \
+    " USRC_PROGRESS_RT)")                                                                  \
   X(uint32_t, app_quiet_us, "USRC_APP_QUIET_US", 1000,                                    \
     "The progress thread leaves the socket to the application while it polled within this" \
     " many microseconds (0: the progress thread always receives too)")                    \

@@ -252,7 +252,21 @@ void Context::progress_loop() {
     uint64_t deadline, now;
     bool app_active;
     {
-      std::lock_guard g(engine_->mu);
+      std::unique_lock g(engine_->mu, std::try_to_lock);
+      if (!g.owns_lock()) {
+        now = now_ns();
+        const uint64_t busy_until = app_polled_.load(std::memory_order_relaxed) + kAppQuietNs;
+        if (busy_until > now) {
+          // The application is in the engine and polls: it receives and
+          // runs the timers itself, and waiting for its lock would cost it
+          // a futex wake-up. Look again when it may have gone quiet.
+          deadline = busy_until;
+          app_active = true;
+          sleep_until_.store(deadline, std::memory_order_release);
+          goto sleep;
+        }
+        g.lock();
+      }
       const size_t received = engine_->progress();
       now = now_ns();
       if (received) last_rx = now;
@@ -274,6 +288,7 @@ void Context::progress_loop() {
       // kick() wakes us only for a timer earlier than this.
       sleep_until_.store(deadline, std::memory_order_release);
     }
+  sleep:
     if (deadline <= now) continue;
     fds[0].events = app_active ? 0 : POLLIN;
     if (!app_active && now - last_rx < spin_ns && now >= no_spin_until) {

@@ -227,7 +227,8 @@ void Context::progress_loop() {
     sp.sched_priority = 1;
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
-  pollfd fds[3] = {{engine_->nic().wait_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0},
+  const int nic_fd = engine_->nic().wait_fd();
+  pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
                    {nl_fd_, POLLIN, 0}};
   constexpr uint64_t kNoWaitFdPollNs = 200'000;
   // Busy polling: while packets keep coming, look again instead of going
@@ -279,7 +280,7 @@ void Context::progress_loop() {
       // do not show on its fd: run again at once.
       if (engine_->nic().rx_pending()) deadline = 0;
       // A NIC without a wait fd is looked at on a short period instead.
-      if (fds[0].fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
+      if (nic_fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
       if (deadline == UINT64_MAX) flush_counters();
       uint64_t polled = app_polled_.load(std::memory_order_relaxed);
       // (polled may be later than now: the application polls all along.)
@@ -290,7 +291,10 @@ void Context::progress_loop() {
     }
   sleep:
     if (deadline <= now) continue;
-    fds[0].events = app_active ? 0 : POLLIN;
+    // Off the socket's wait queue altogether while the application polls:
+    // a waiter there, even one asking for no event, makes every sender's
+    // packet walk the queue under its lock.
+    fds[0].fd = app_active ? -1 : nic_fd;
     if (!app_active && now - last_rx < spin_ns && now >= no_spin_until) {
       // Spin on an otherwise idle core only: any runnable thread goes
       // first, and a yield that gave the core away (an application

@@ -257,11 +257,13 @@ void Context::progress_loop() {
       if (!g.owns_lock()) {
         now = now_ns();
         const uint64_t busy_until = app_polled_.load(std::memory_order_relaxed) + kAppQuietNs;
-        if (busy_until > now) {
+        const uint64_t timer = engine_->next_deadline();
+        if (busy_until > now && timer > now) {
           // The application is in the engine and polls: it receives and
           // runs the timers itself, and waiting for its lock would cost it
-          // a futex wake-up. Look again when it may have gone quiet.
-          deadline = busy_until;
+          // a futex wake-up. Look again when it may have gone quiet (or a
+          // timer is due and it has not run it).
+          deadline = std::min(busy_until, timer);
           app_active = true;
           sleep_until_.store(deadline, std::memory_order_release);
           goto sleep;

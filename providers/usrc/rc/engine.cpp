@@ -144,7 +144,8 @@ void Engine::push(Cq *cq, const Completion &c) {
 }
 
 void Engine::arm_timer(uint64_t deadline) {
-  if (deadline < next_deadline_) next_deadline_ = deadline;
+  if (deadline < next_deadline_.load(std::memory_order_relaxed))
+    next_deadline_.store(deadline, std::memory_order_relaxed);
 }
 
 int Engine::post_send(Qp &qp, const SendWr &wr) {
@@ -236,8 +237,8 @@ size_t Engine::progress(bool app, uint64_t now) {
   const size_t acks_end = tx_nslots_;
 
   now = pass_time_;   // timers: the pass start is recent enough
-  if (now >= next_deadline_) {
-    next_deadline_ = UINT64_MAX;
+  if (now >= next_deadline_.load(std::memory_order_relaxed)) {
+    next_deadline_.store(UINT64_MAX, std::memory_order_relaxed);
     for (size_t i = 0; i < live_.size();) {
       Qp *qp = live_[i];
       if (qp->linger_until && now >= qp->linger_until) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -72,8 +73,10 @@ class Engine {
   // now: the caller's clock reading, if it has one (0: read it here).
   // Returns how many packets it received.
   size_t progress(bool app = false, uint64_t now = 0);
-  // Absolute time (clock units, ns) of the next timer, or UINT64_MAX.
-  uint64_t next_deadline() const { return next_deadline_; }
+  // Absolute time (clock units, ns) of the next timer, or UINT64_MAX. The
+  // one read that needs no lock: the progress thread decides how long to
+  // sleep while the application holds it.
+  uint64_t next_deadline() const { return next_deadline_.load(std::memory_order_relaxed); }
   net::Nic &nic() { return *nic_; }
   uint64_t now() const { return clock_(); }
 
@@ -133,7 +136,7 @@ class Engine {
   std::vector<Qp *> qps_;          // by QPN index
   std::vector<Qp *> live_;         // the same QPs, compact, for timer/tx scans
   std::vector<Qp *> ack_list_;     // QPs with ack_pending
-  uint64_t next_deadline_ = UINT64_MAX;
+  std::atomic<uint64_t> next_deadline_{UINT64_MAX};
   uint32_t lingering_ = 0;
   void reap(Qp *qp);
 

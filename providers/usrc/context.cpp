@@ -266,6 +266,11 @@ void Context::progress_loop() {
           deadline = std::min(busy_until, timer);
           app_active = true;
           sleep_until_.store(deadline, std::memory_order_release);
+          // A timer armed since the read above: either its kick() sees our
+          // sleep_until_ or we see its deadline (the fences pair with the
+          // one in kick()).
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          deadline = std::min(deadline, engine_->next_deadline());
           goto sleep;
         }
         g.lock();
@@ -306,6 +311,7 @@ void Context::progress_loop() {
       const uint64_t t0 = now_ns();
       sched_yield();
       const uint64_t t1 = now_ns();
+      if (nl_fd_ >= 0) netdev_events();   // port events while a stream lasts
       contended = t1 - t0 > kYieldedNs ? contended + 1 : 0;
       if (contended >= 3) {   // (once may be the hypervisor's doing)
         no_spin_until = t1 + kNoSpinNs;
@@ -329,6 +335,7 @@ void Context::progress_loop() {
 }
 
 void Context::kick() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);   // see progress_loop
   if (engine_->next_deadline() < sleep_until_.load(std::memory_order_acquire)) {
     sleep_until_.store(0, std::memory_order_release);
     uint64_t one = 1;

@@ -286,6 +286,45 @@ TEST_CASE("a lost packet nothing reveals is resent on the retransmission timer, 
   CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] > resends);
 }
 
+TEST_CASE("a retransmission timer that expires twice without progress cuts the window to 8 packets", "[sim]") {
+  Pair p(5);
+  p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
+  std::vector<uint8_t> buf(100, 1), rx(2 * 128);
+  for (uint64_t id = 0; id < 2; id++) {
+    RecvWr r;
+    r.wr_id = id;
+    r.num_sge = 1;
+    r.sge[0] = {rx.data() + 128 * id, 128};
+    REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  }
+  SendWr w;
+  w.flags = kSignaled;
+  w.num_sge = 1;
+  w.sge[0] = {buf.data(), 100};
+  size_t done = 0;
+  auto completed = [&](size_t n) {
+    return [&, n] {
+      for (const Completion &c : drain(p.a.scq)) done += c.status == WcStatus::success;
+      return done == n;
+    };
+  };
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);   // a round trip measured
+  REQUIRE(p.run(completed(1)));
+  const uint32_t full = p.a.qp->cwnd;
+  REQUIRE(full > 8);
+  p.net.set_partitioned(p.b.e->nic().local(), true);
+  w.wr_id = 1;
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  auto rto = [&] { return p.a.e->counters[uint32_t(Counter::rto_resends)]; };
+  REQUIRE(p.run([&] { return rto() >= 1; }));
+  CHECK(p.a.qp->cwnd == std::max<uint32_t>(full / 2, 32));   // the first: halved
+  REQUIRE(p.run([&] { return rto() >= 2; }));
+  CHECK(p.a.qp->cwnd == 8);                                  // the second: the minimum
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
+  p.net.set_partitioned(p.b.e->nic().local(), false);
+  REQUIRE(p.run(completed(2)));
+}
+
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
   Pair p(4);
   p.a.qp->rnr_retry = 2;

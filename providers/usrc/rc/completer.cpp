@@ -72,7 +72,8 @@ void Engine::implied_nak(Qp &qp) {
 // The send window after a loss and as ACKs arrive (Qp::cwnd).
 void Engine::window_loss(Qp &qp, bool timeout) {
   qp.ssthresh = std::max(qp.cwnd / 2, std::min(kLossWindow, qp.window));
-  qp.cwnd = timeout ? std::min(kMinWindow, qp.window) : qp.ssthresh;
+  // Never raised by a loss: below the floor (after a timeout) it stays.
+  qp.cwnd = timeout ? std::min(kMinWindow, qp.window) : std::min(qp.cwnd, qp.ssthresh);
   qp.cwnd_acc = 0;
 }
 
@@ -309,7 +310,10 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     // keeps running and still decides retry_cnt.
     qp.rto_deadline = 0;
     count(Counter::rto_resends);
-    window_loss(qp, false);
+    // A first expiry is a loss like a NAK's; one more without progress in
+    // between is trouble that persists (an overflowing receiver whose
+    // losses no later packet reveals): the window goes down to the minimum.
+    window_loss(qp, qp.rto_backoff > 0);
     go_back_n(qp, qp.una_psn);
     requester_tx(qp);
     if (qp.rto_backoff < 30) qp.rto_backoff++;

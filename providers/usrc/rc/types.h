@@ -16,7 +16,8 @@ constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout
 // Packets in flight after a loss that later packets revealed (a NAK): a
 // random loss of 1% would otherwise hold the window near 14 packets, where
 // go-back-N stalls more than it resends; 32 still lets some hundred QPs
-// share one receiver's socket buffer. Timeouts go down to kMinWindow.
+// share one receiver's socket buffer. The Local ACK Timeout, and a second
+// retransmission-timer expiry without progress, go down to kMinWindow.
 constexpr uint32_t kLossWindow = 32;
 constexpr uint32_t kMaxGsoBytes = 65507;     // UDP payload of one IPv4 datagram (GSO send)
 

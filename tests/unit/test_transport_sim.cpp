@@ -152,6 +152,22 @@ void send_messages(Pair &p, int n, uint32_t max_len, uint64_t seed) {
   CHECK(drain(p.a.scq).empty());
 }
 
+// One receive at b (128 bytes of rx, slot id) and a signaled 100-byte SEND
+// from a.
+void post_small_send(Pair &p, std::vector<uint8_t> &buf, std::vector<uint8_t> &rx, uint64_t id) {
+  RecvWr r;
+  r.wr_id = id;
+  r.num_sge = 1;
+  r.sge[0] = {rx.data() + 128 * id, 128};
+  REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  SendWr w;
+  w.wr_id = id;
+  w.flags = kSignaled;
+  w.num_sge = 1;
+  w.sge[0] = {buf.data(), 100};
+  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("messages from 0 bytes to several MTUs arrive exactly once, in order", "[sim]") {
@@ -238,19 +254,7 @@ TEST_CASE("a lost packet nothing reveals is resent on the retransmission timer, 
   p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s
   p.a.e->set_state(*p.a.qp, QpState::rts);
   std::vector<uint8_t> buf(100, 1), rx(2 * 128);
-  auto post = [&](uint64_t id) {
-    RecvWr r;
-    r.wr_id = id;
-    r.num_sge = 1;
-    r.sge[0] = {rx.data() + 128 * id, 128};
-    REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
-    SendWr w;
-    w.wr_id = id;
-    w.flags = kSignaled;
-    w.num_sge = 1;
-    w.sge[0] = {buf.data(), 100};
-    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
-  };
+  auto post = [&](uint64_t id) { post_small_send(p, buf, rx, id); };
   std::vector<Completion> sc;
   auto done = [&](size_t n) {
     return [&, n] {
@@ -290,17 +294,6 @@ TEST_CASE("a retransmission timer that expires twice without progress cuts the w
   Pair p(5);
   p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
   std::vector<uint8_t> buf(100, 1), rx(2 * 128);
-  for (uint64_t id = 0; id < 2; id++) {
-    RecvWr r;
-    r.wr_id = id;
-    r.num_sge = 1;
-    r.sge[0] = {rx.data() + 128 * id, 128};
-    REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
-  }
-  SendWr w;
-  w.flags = kSignaled;
-  w.num_sge = 1;
-  w.sge[0] = {buf.data(), 100};
   size_t done = 0;
   auto completed = [&](size_t n) {
     return [&, n] {
@@ -308,13 +301,12 @@ TEST_CASE("a retransmission timer that expires twice without progress cuts the w
       return done == n;
     };
   };
-  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);   // a round trip measured
+  post_small_send(p, buf, rx, 0);   // a round trip measured
   REQUIRE(p.run(completed(1)));
   const uint32_t full = p.a.qp->cwnd;
   REQUIRE(full > 8);
   p.net.set_partitioned(p.b.e->nic().local(), true);
-  w.wr_id = 1;
-  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  post_small_send(p, buf, rx, 1);
   auto rto = [&] { return p.a.e->counters[uint32_t(Counter::rto_resends)]; };
   REQUIRE(p.run([&] { return rto() >= 1; }));
   CHECK(p.a.qp->cwnd == std::max<uint32_t>(full / 2, 32));   // the first: halved

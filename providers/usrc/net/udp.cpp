@@ -179,14 +179,19 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
 
 size_t UdpNic::recv(std::span<RxPacket> out) {
   if (rx_i_ == rx_n_) {
-    // Everything handed out: the buffers may be reused.
+    // Everything handed out: the buffers may be reused. Only the headers
+    // the kernel filled last time need their lengths back (an empty poll,
+    // the common case when polling, resets none).
     size_t n = std::min(out.size(), rx_msgs_.size());
-    for (size_t i = 0; i < n; i++) {
+    const size_t reset = rx_set_ < n ? n : rx_n_;
+    for (size_t i = 0; i < reset; i++) {
       auto &h = rx_msgs_[i].msg_hdr;
       h.msg_namelen = sizeof(sockaddr_in);
       h.msg_control = gro_ ? rx_cmsg_[i].buf : nullptr;
       h.msg_controllen = gro_ ? sizeof rx_cmsg_[i].buf : 0;
     }
+    rx_set_ = std::max(rx_set_, n);
+    rx_n_ = rx_i_ = 0;
     int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {

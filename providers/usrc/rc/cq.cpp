@@ -13,6 +13,7 @@ bool Cq::push(const Completion &c) {
     } else {
       ring_[tail_] = c;
       tail_ = next;
+      entries_.fetch_add(1, std::memory_order_release);
       stored = true;
       // A solicited-only arm fires on a solicited or an error completion.
       if (arm_ == Arm::next || (arm_ == Arm::solicited &&
@@ -33,12 +34,14 @@ bool Cq::push(const Completion &c) {
 }
 
 size_t Cq::poll(Completion *out, size_t max) {
+  if (entries_.load(std::memory_order_acquire) == 0) return 0;
   std::lock_guard g(mu_);
   size_t n = 0;
   while (n < max && head_ != tail_) {
     out[n++] = ring_[head_];
     head_ = (head_ + 1) % ring_.size();
   }
+  entries_.fetch_sub(n, std::memory_order_relaxed);
   return n;
 }
 

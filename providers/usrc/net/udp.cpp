@@ -76,7 +76,16 @@ UdpNic::UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, boo
     h.msg_iov = &rx_iov_[i];
     h.msg_iovlen = 1;
     h.msg_name = &rx_addr_[i];
+    reset_rx_header(i);
   }
+}
+
+// The lengths recvmmsg overwrites in a header it fills.
+void UdpNic::reset_rx_header(size_t i) {
+  auto &h = rx_msgs_[i].msg_hdr;
+  h.msg_namelen = sizeof(sockaddr_in);
+  h.msg_control = gro_ ? rx_cmsg_[i].buf : nullptr;
+  h.msg_controllen = gro_ ? sizeof rx_cmsg_[i].buf : 0;
 }
 
 UdpNic::~UdpNic() {
@@ -179,19 +188,10 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
 
 size_t UdpNic::recv(std::span<RxPacket> out) {
   if (rx_i_ == rx_n_) {
-    // Everything handed out: the buffers may be reused. Only the headers
-    // the kernel filled last time need their lengths back (an empty poll,
-    // the common case when polling, resets none).
-    size_t n = std::min(out.size(), rx_msgs_.size());
-    const size_t reset = rx_set_ < n ? n : rx_n_;
-    for (size_t i = 0; i < reset; i++) {
-      auto &h = rx_msgs_[i].msg_hdr;
-      h.msg_namelen = sizeof(sockaddr_in);
-      h.msg_control = gro_ ? rx_cmsg_[i].buf : nullptr;
-      h.msg_controllen = gro_ ? sizeof rx_cmsg_[i].buf : 0;
-    }
-    rx_set_ = std::max(rx_set_, n);
-    rx_n_ = rx_i_ = 0;
+    // Everything handed out: the buffers may be reused. The headers are
+    // ready (set up once, and restored below as soon as they are read), so
+    // an empty poll, the common case when polling, touches none of them.
+    const size_t n = std::min(out.size(), rx_msgs_.size());
     int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {
@@ -203,6 +203,7 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
           std::memcpy(&seg, CMSG_DATA(c), sizeof seg);
           rx_seg_[i] = static_cast<uint16_t>(seg);
         }
+      reset_rx_header(i);
     }
     rx_n_ = r;
     rx_i_ = rx_off_ = 0;

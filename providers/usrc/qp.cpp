@@ -227,7 +227,10 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   }
   if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & 0xffffff;
   t.peer = peer;
-  if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) c.engine().nic().add_peer(peer);
+  if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
+    c.engine().nic().add_peer(peer);
+    t.local_path = c.engine().nic().same_host(peer);
+  }
   if (mask & IBV_QP_PATH_MTU) {
     s.path_mtu = attr->path_mtu;
     t.pmtu = mtu_bytes(attr->path_mtu);

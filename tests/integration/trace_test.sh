@@ -2,7 +2,8 @@
 # `usrc trace`: a stock ibv_rc_pingpong's packets land in a pcap file that
 # tshark dissects as InfiniBand over UDP: SEND ONLY requests with
 # consecutive PSNs from each side (resends aside), each answered by an ACK
-# of that PSN.
+# of that PSN. On loopback every ICRC is 0 (left out: USRC_ICRC_LOCAL);
+# with USRC_ICRC_LOCAL=1 every one is there, and the peer verifies them.
 # Usage: trace_test.sh USRC_CLI PROVIDER_SO
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
@@ -21,7 +22,7 @@ timeout 30 "$USRC" trace "$DIR/cli-%p.pcap" -- ibv_rc_pingpong -d tr0 -n 5 -s 10
 wait
 cli=$(ls "$DIR"/cli-*.pcap) || fail "%p was not replaced by the pid"
 rows=$(tshark -r "$cli" -d "udp.port==46001-50095,infiniband" -T fields -e ip.src -e udp.srcport \
-         -e infiniband.bth.opcode -e infiniband.bth.psn 2>/dev/null)
+         -e infiniband.bth.opcode -e infiniband.bth.psn -e infiniband.invariant.crc 2>/dev/null)
 echo "$rows"
 me=$(echo "$rows" | head -1 | cut -f2)   # the client sends first
 # A resend repeats a PSN (the retransmission timer may fire while the
@@ -34,4 +35,17 @@ echo "$sends" | awk 'NR > 1 && $1 != (prev + 1) % 16777216 {bad = 1} {prev = $1}
   fail "client PSNs not consecutive"
 for p in $sends; do echo "$acks" | grep -qx "$p" || fail "PSN $p not acknowledged in the trace"; done
 [ -s "$DIR/srv.pcap" ] || fail "no server trace"
+echo "$rows" | awk '$5 != "0x00000000" {bad = 1} END {exit bad}' || fail "an ICRC on loopback"
+
+# USRC_ICRC_LOCAL=1: the ICRCs are computed (and checked: the run works).
+port=$(pick_port)
+rm -f "$DIR"/*.pcap
+USRC_ICRC_LOCAL=1 timeout 30 "$USRC" trace "$DIR/srv.pcap" -- ibv_rc_pingpong -d tr0 -n 5 -s 100 -p $port >/dev/null 2>&1 &
+wait_listen "" $port || fail "server did not listen"
+USRC_ICRC_LOCAL=1 timeout 30 "$USRC" trace "$DIR/cli.pcap" -- ibv_rc_pingpong -d tr0 -n 5 -s 100 -p $port 127.0.0.1 >/dev/null ||
+  fail "pingpong with USRC_ICRC_LOCAL=1"
+wait
+crcs=$(tshark -r "$DIR/cli.pcap" -d "udp.port==46001-50095,infiniband" -T fields -e infiniband.invariant.crc 2>/dev/null)
+[ "$(echo "$crcs" | wc -l)" -ge 10 ] || fail "expected 10 packets with USRC_ICRC_LOCAL=1"
+echo "$crcs" | grep -qx "0x00000000" && fail "an ICRC left out with USRC_ICRC_LOCAL=1"
 echo PASS

@@ -648,3 +648,44 @@ TEST_CASE("READ and ATOMIC access violations", "[sim]") {
     }
   }
 }
+
+// The ICRC on same-host paths (net::Nic::same_host): left out, and a
+// missing one accepted only from this host.
+TEST_CASE("packets to a peer on this host carry no ICRC; elsewhere a missing or wrong one is dropped", "[sim]") {
+  auto icrc_of = [](const std::vector<uint8_t> &d) {
+    uint32_t v = 0;
+    if (d.size() >= 4) std::memcpy(&v, d.data() + d.size() - 4, 4);
+    return v;
+  };
+  SECTION("same host: none computed, none needed") {
+    Pair p(21);
+    p.net.loopback = true;
+    p.a.qp->local_path = p.b.qp->local_path = true;
+    uint64_t with_icrc = 0, total = 0;
+    p.net.tap = [&](const std::vector<uint8_t> &d) { total++, with_icrc += icrc_of(d) != 0; };
+    send_messages(p, 50, 5000, 4);
+    CHECK(total > 50);
+    CHECK(with_icrc == 0);
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 0);
+  }
+  SECTION("same host, an ICRC there (USRC_ICRC_LOCAL) is still verified") {
+    net::SimFaults f;
+    f.corrupt = 0.05;
+    Pair p(22, f);
+    p.net.loopback = true;
+    uint64_t with_icrc = 0, total = 0;
+    p.net.tap = [&](const std::vector<uint8_t> &d) { total++, with_icrc += icrc_of(d) != 0; };
+    send_messages(p, 100, 3000, 5);   // byte-exact despite the corruption
+    CHECK(with_icrc == total);
+    CHECK(p.a.e->counters[uint32_t(Counter::malformed_drops)] +
+              p.b.e->counters[uint32_t(Counter::malformed_drops)] > 0);
+  }
+  SECTION("from another host, a packet without an ICRC is dropped") {
+    Pair p(23);
+    p.a.qp->local_path = true;   // a sender wrongly taking b for local
+    std::vector<uint8_t> buf(100, 1), rx(128);
+    post_small_send(p, buf, rx, 0);
+    CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] > 0);
+  }
+}

@@ -27,7 +27,12 @@ namespace usrc {
     " many microseconds (0: the progress thread always receives too)")                    \
   X(uint32_t, progress_rt, "USRC_PROGRESS_RT", 0,                                         \
     "Run the progress thread at real-time priority where permitted")                       \
-  X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1, "Verify the ICRC of received packets")       \
+  X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1,                                           \
+    "Verify the ICRC of received packets (an ICRC of 0 from this host means none: see"    \
+    " USRC_ICRC_LOCAL)")                                                                   \
+  X(uint32_t, icrc_local, "USRC_ICRC_LOCAL", 0,                                            \
+    "Compute the ICRC for peers on this host too (0: packets that never leave the host"    \
+    " carry an ICRC of 0, as the kernel computes no checksum on loopback)")               \
   X(uint32_t, vendor_part_id, "USRC_VENDOR_PART_ID", 0x5553,                                \
     "vendor_part_id reported by query_device (a testing aid: tools that choose code paths"  \
     " by device id, e.g. perftest's ibv_wr_* path, can be steered onto generic paths)")

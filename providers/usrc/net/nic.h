@@ -63,6 +63,12 @@ class Nic {
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.
   virtual void add_peer(Endpoint) {}
+  // True if datagrams to and from this endpoint never leave the host's
+  // memory: the transport then leaves out the ICRC, as the kernel leaves
+  // out the checksums on its loopback path. 127.0.0.0/8 and our own
+  // address are such peers (the kernel routes both through the loopback
+  // device, and drops such sources arriving from outside).
+  virtual bool same_host(Endpoint e) const { return (e.ip >> 24) == 127 || e.ip == local().ip; }
 };
 
 }  // namespace usrc::net

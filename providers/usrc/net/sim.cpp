@@ -19,6 +19,7 @@ void SimNetwork::submit(Endpoint src, const TxPacket &p) {
     auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
     data.insert(data.end(), b, b + p.iov[i].iov_len);
   }
+  if (tap) tap(data);
   if (!data.empty() && chance(faults_.corrupt)) {
     stats.corrupted++;
     data[std::uniform_int_distribution<size_t>(0, data.size() - 1)(rng_)] ^= 0x5a;

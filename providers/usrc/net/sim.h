@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -33,6 +34,11 @@ class SimNetwork {
 
   struct Stats { uint64_t sent = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0; };
   Stats stats;
+  // The network is one host's loopback: every SimNic calls its peers
+  // same_host.
+  bool loopback = false;
+  // Sees every datagram that is not dropped, before other faults.
+  std::function<void(const std::vector<uint8_t> &)> tap;
 
  private:
   friend class SimNic;
@@ -55,6 +61,7 @@ class SimNic final : public Nic {
   int wait_fd() const override { return -1; }
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
+  bool same_host(Endpoint) const override { return net_.loopback; }
 
  private:
   SimNetwork &net_;

@@ -25,6 +25,7 @@ class TraceNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   void add_peer(Endpoint e) override { inner_->add_peer(e); }
+  bool same_host(Endpoint e) const override { return inner_->same_host(e); }
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
   bool rx_pending() const override { return inner_->rx_pending(); }
 

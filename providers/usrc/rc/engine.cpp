@@ -14,7 +14,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
                MemoryAccess *mem, EngineHooks *hooks)
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
-      tx_iov_(new iovec[kTxBatch * kIovPerPkt]) {
+      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), icrc_local_(Tunables::get().icrc_local != 0) {
   ack_list_.reserve(64);
 }
 
@@ -269,7 +269,10 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     count(Counter::malformed_drops);
     return;
   }
-  if (Tunables::get().icrc_check) {
+  // A sender on this host leaves the ICRC out (0, see tx_commit); one from
+  // anywhere else, and any ICRC that is there, is verified.
+  const bool no_icrc = v.p.icrc == 0 && nic_->same_host(pkt.src);
+  if (Tunables::get().icrc_check && !no_icrc) {
     iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
     wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};
     ip.ip_id = v.p.h.bth.seg;   // its index in the sender's GSO send
@@ -358,12 +361,16 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   const uint16_t sport = qp.sport ? qp.sport : nic_->local().port;
   wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, sport, qp.peer.port};
   ip.ip_id = seg;
+  // To a peer on this host the ICRC is 0, not computed: the datagram never
+  // leaves memory, where the kernel computes no UDP checksum either. This
+  // is a third of the CPU a byte costs on loopback.
+  const bool icrc = !qp.local_path || icrc_local_;
   size_t n;
   if (pieces == 0) {
     // One buffer: headers [+ payload], pad, ICRC.
     std::memset(s.hdr + hdr_len, 0, pad);
     s.iov[0] = {s.hdr, hdr_len + pad};
-    wire::store_icrc(s.hdr + hdr_len + pad, wire::icrc_ipv4(ip, s.iov, 1));
+    wire::store_icrc(s.hdr + hdr_len + pad, icrc ? wire::icrc_ipv4(ip, s.iov, 1) : 0);
     s.iov[0].iov_len += wire::kIcrcLen;
     n = 1;
   } else {
@@ -372,12 +379,12 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     n = 1 + pieces;
     std::memset(s.trailer, 0, 4);
     if (pad) s.iov[n++] = {s.trailer, pad};
-    const uint32_t icrc = wire::icrc_ipv4(ip, s.iov, n);
+    const uint32_t crc = icrc ? wire::icrc_ipv4(ip, s.iov, n) : 0;
     if (pad) {
-      wire::store_icrc(s.trailer + pad, icrc);
+      wire::store_icrc(s.trailer + pad, crc);
       s.iov[n - 1].iov_len = pad + wire::kIcrcLen;
     } else {
-      wire::store_icrc(s.trailer, icrc);
+      wire::store_icrc(s.trailer, crc);
       s.iov[n++] = {s.trailer, wire::kIcrcLen};
     }
   }

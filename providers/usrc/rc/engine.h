@@ -162,6 +162,7 @@ class Engine {
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
+  const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
 };
 
 }  // namespace usrc::rc

@@ -56,6 +56,9 @@ struct Qp {
   // label; 0 = the context's own port).
   uint8_t tos = 0, ttl = 0;
   uint16_t sport = 0;
+  // The peer is on this host (net::Nic::same_host): packets to it carry no
+  // ICRC unless USRC_ICRC_LOCAL is set.
+  bool local_path = false;
   // Packet pacing (static rate / IBV_QP_RATE_LIMIT): bits per second, 0 =
   // unpaced; the earliest time the next packet may leave.
   uint64_t rate_bps = 0;

@@ -250,31 +250,20 @@ void Context::progress_loop() {
   // application has been quiet for kAppQuietNs.
   const uint64_t kAppQuietNs = uint64_t(Tunables::get().app_quiet_us) * 1000;
   while (!stop_) {
-    uint64_t deadline, now;
-    bool app_active;
-    {
-      std::unique_lock g(engine_->mu, std::try_to_lock);
-      if (!g.owns_lock()) {
-        now = now_ns();
-        const uint64_t busy_until = app_polled_.load(std::memory_order_relaxed) + kAppQuietNs;
-        const uint64_t timer = engine_->next_deadline();
-        if (busy_until > now && timer > now) {
-          // The application is in the engine and polls: it receives and
-          // runs the timers itself, and waiting for its lock would cost it
-          // a futex wake-up. Look again when it may have gone quiet (or a
-          // timer is due and it has not run it).
-          deadline = std::min(busy_until, timer);
-          app_active = true;
-          sleep_until_.store(deadline, std::memory_order_release);
-          // A timer armed since the read above: either its kick() sees our
-          // sleep_until_ or we see its deadline (the fences pair with the
-          // one in kick()).
-          std::atomic_thread_fence(std::memory_order_seq_cst);
-          deadline = std::min(deadline, engine_->next_deadline());
-          goto sleep;
-        }
-        g.lock();
-      }
+    uint64_t now = now_ns(), deadline;
+    // (app_polled_ may be later than now: the application polls all along.)
+    const uint64_t busy_until = app_polled_.load(std::memory_order_relaxed) + kAppQuietNs;
+    const bool app_active = busy_until > now;
+    if (app_active) {
+      // The application polls: it receives and runs the timers in its own
+      // thread. Taking the engine from it would cost it a futex wake-up
+      // (and both threads a core): look again when it may have gone quiet.
+      // Until then kick() need not wake us for a timer: the application
+      // runs it.
+      deadline = busy_until;
+      sleep_until_.store(0, std::memory_order_release);
+    } else {
+      std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       now = now_ns();
       if (received) last_rx = now;
@@ -289,14 +278,9 @@ void Context::progress_loop() {
       // A NIC without a wait fd is looked at on a short period instead.
       if (nic_fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
       if (deadline == UINT64_MAX) flush_counters();
-      uint64_t polled = app_polled_.load(std::memory_order_relaxed);
-      // (polled may be later than now: the application polls all along.)
-      app_active = polled + kAppQuietNs > now;
-      if (app_active) deadline = std::min(deadline, polled + kAppQuietNs);
       // kick() wakes us only for a timer earlier than this.
       sleep_until_.store(deadline, std::memory_order_release);
     }
-  sleep:
     if (deadline <= now) continue;
     // Off the socket's wait queue altogether while the application polls:
     // a waiter there, even one asking for no event, makes every sender's

@@ -241,7 +241,7 @@ void Context::progress_loop() {
   // the application off its core.
   const uint64_t spin_ns =
       Tunables::get().progress_rt ? 0 : uint64_t(Tunables::get().busy_poll_us) * 1000;
-  uint64_t last_rx = 0, no_spin_until = 0;
+  uint64_t last_rx = 0, no_spin_until = 0, last_nl = 0;
   uint32_t contended = 0;
   constexpr uint64_t kYieldedNs = 50'000, kNoSpinNs = 20'000'000;
   // While the application polls its CQs it receives in its own thread; this
@@ -295,7 +295,12 @@ void Context::progress_loop() {
       const uint64_t t0 = now_ns();
       sched_yield();
       const uint64_t t1 = now_ns();
-      if (nl_fd_ >= 0) netdev_events();   // port events while a stream lasts
+      // Port events while a stream lasts, looked for every millisecond (a
+      // system call per spin would cost the spinner a tenth of its time).
+      if (nl_fd_ >= 0 && t1 - last_nl >= 1'000'000) {
+        netdev_events();
+        last_nl = t1;
+      }
       contended = t1 - t0 > kYieldedNs ? contended + 1 : 0;
       if (contended >= 3) {   // (once may be the hypervisor's doing)
         no_spin_until = t1 + kNoSpinNs;

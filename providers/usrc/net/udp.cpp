@@ -191,8 +191,12 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // Everything handed out: the buffers may be reused. The headers are
     // ready (set up once, and restored below as soon as they are read), so
     // an empty poll, the common case when polling, touches none of them.
-    const size_t n = std::min(out.size(), rx_msgs_.size());
+    // Ask for as many datagrams as the last call got, doubled when it got
+    // all it asked for: recvmmsg stops only at an empty queue, and a lone
+    // datagram (a ping-pong) then costs one receive, not two.
+    const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
     int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
+    rx_want_ = r <= 0 ? 1 : size_t(r) == n ? 2 * n : size_t(r);
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {
       rx_seg_[i] = 0;

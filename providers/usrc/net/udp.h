@@ -50,6 +50,7 @@ class UdpNic final : public Nic {
   // What the last recvmmsg returned and is still being handed out.
   std::vector<uint16_t> rx_seg_;   // per datagram: its GRO segment size, 0 if none
   size_t rx_n_ = 0, rx_i_ = 0, rx_off_ = 0;
+  size_t rx_want_ = 1;   // datagrams the next recvmmsg asks for
   void reset_rx_header(size_t i);
   std::vector<struct mmsghdr> tx_msgs_;
   std::vector<struct sockaddr_in> tx_addr_;

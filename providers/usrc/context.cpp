@@ -324,7 +324,10 @@ void Context::progress_loop() {
 }
 
 void Context::kick() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);   // see progress_loop
+  // Every caller armed its timers under the engine lock and has released
+  // it since: the progress thread either read them under that lock too or
+  // stored its sleep_until_ before we took the lock. (While the application
+  // polls, sleep_until_ is 0: it runs its timers itself.)
   if (engine_->next_deadline() < sleep_until_.load(std::memory_order_acquire)) {
     sleep_until_.store(0, std::memory_order_release);
     uint64_t one = 1;

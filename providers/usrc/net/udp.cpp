@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,16 @@
 #include <utility>
 
 namespace usrc::net {
+
+// The system calls themselves, not libc's wrappers: those are thread
+// cancellation points, and a cancellation there would leave the engine
+// locked (they also cost an eighth of an empty poll).
+static int raw_recvmmsg(int fd, mmsghdr *m, size_t n, int flags) {
+  return static_cast<int>(::syscall(SYS_recvmmsg, fd, m, n, flags, nullptr));
+}
+static int raw_sendmmsg(int fd, mmsghdr *m, size_t n, int flags) {
+  return static_cast<int>(::syscall(SYS_sendmmsg, fd, m, n, flags));
+}
 
 static sockaddr_in to_sockaddr(Endpoint e) {
   sockaddr_in a{};
@@ -163,7 +174,7 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
       }
       n++;
     }
-    int r = ::sendmmsg(fd, tx_msgs_.data(), n, 0);
+    int r = raw_sendmmsg(fd, tx_msgs_.data(), n, 0);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (const TxPacket &p = pkts[done]; p.segs > 1 && (errno == EIO || errno == EINVAL || errno == EOPNOTSUPP) &&
@@ -195,7 +206,7 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // all it asked for: recvmmsg stops only at an empty queue, and a lone
     // datagram (a ping-pong) then costs one receive, not two.
     const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
-    int r = ::recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT, nullptr);
+    int r = raw_recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT);
     rx_want_ = r <= 0 ? 1 : size_t(r) == n ? 2 * n : size_t(r);
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {

@@ -217,8 +217,8 @@ size_t Engine::progress(bool app, uint64_t now) {
   } pass{*this};
   pass_time_ = now ? now : clock_();
   const auto &t = Tunables::get();
-  net::RxPacket pkts[64];
-  size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, 64);
+  net::RxPacket *pkts = rx_pkts_.data();
+  size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());
   // Bounded work per call: at most four batches.
   size_t received = 0;
   for (int round = 0; round < 4; round++) {

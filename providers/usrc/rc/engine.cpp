@@ -172,6 +172,8 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
     w.wr.sge[0] = {w.inline_data, off};
   }
   w.npkts = len == 0 ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
+  w.rd_before = qp.rd_posted;
+  qp.rd_posted += is_rd_atomic(wr.opcode);
   w.first_psn = qp.next_psn;
   qp.sq.tail++;
 

@@ -18,6 +18,9 @@ struct SendWqe {
   uint32_t length = 0;        // total payload bytes
   uint32_t first_psn = 0;     // assigned at post time (IBA 9.7.1.2)
   uint32_t npkts = 0;
+  // READs and ATOMICs posted on this QP before this WQE (Qp::rd_posted at
+  // post time): the difference of two gives those between them in O(1).
+  uint32_t rd_before = 0;
   uint8_t inline_data[kMaxInline];
 };
 
@@ -81,6 +84,7 @@ struct Qp {
   // Requester.
   uint32_t next_psn = 0;      // first PSN of the next posted WQE (sq_psn)
   uint64_t tx_pos = 0;        // SQ position of the WQE holding tx_psn
+  uint32_t rd_posted = 0;     // READs and ATOMICs ever posted (wraps)
   uint32_t tx_psn = 0;        // next PSN to put on the wire
   uint32_t tx_high = 0;       // one past the highest PSN ever sent
   uint32_t window = 64;       // max packets in flight

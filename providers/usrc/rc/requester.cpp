@@ -49,11 +49,9 @@ void Engine::requester_tx(Qp &qp) {
       // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
       if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
       if (rd || (w.wr.flags & kFence)) {
-        // READ/ATOMIC requests in flight before this WQE (counted only
-        // when it matters: a scan of the outstanding WQEs).
-        uint32_t in_flight = 0;
-        for (uint64_t pos = qp.sq.head; pos != qp.tx_pos; pos++)
-          in_flight += is_rd_atomic(qp.sq.at(pos).wr.opcode);
+        // READ/ATOMIC requests in flight: those in [head, tx_pos).
+        const uint32_t in_flight =
+            qp.sq.head == qp.tx_pos ? 0 : w.rd_before - qp.sq.at(qp.sq.head).rd_before;
         // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
         if ((w.wr.flags & kFence) && in_flight) break;
         // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).

@@ -272,8 +272,8 @@ void Context::progress_loop() {
         last_flush_ = now;
       }
       deadline = engine_->next_deadline();
-      // Received packets held by the NIC (the rest of a coalesced receive)
-      // do not show on its fd: run again at once.
+      // Received packets held by the NIC (the rest of a coalesced receive),
+      // which do not show on its fd, or a stream on: run again at once.
       if (engine_->nic().rx_pending()) deadline = 0;
       // A NIC without a wait fd is looked at on a short period instead.
       if (nic_fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);

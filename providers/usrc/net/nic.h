@@ -57,7 +57,9 @@ class Nic {
   // The most datagrams one TxPacket may carry (1: no segmentation offload).
   virtual uint32_t gso_segments() const { return 1; }
   // Datagrams already received from the kernel and not yet handed out by
-  // recv() (the rest of a coalesced receive): wait_fd() does not show them.
+  // recv() (the rest of a coalesced receive), which wait_fd() does not
+  // show, or a stream whose next datagrams are likely waiting: call recv()
+  // again before sleeping.
   virtual bool rx_pending() const { return false; }
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it

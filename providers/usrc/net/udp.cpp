@@ -204,10 +204,13 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // an empty poll, the common case when polling, touches none of them.
     // Ask for as many datagrams as the last call got, doubled when it got
     // all it asked for: recvmmsg stops only at an empty queue, and a lone
-    // datagram (a ping-pong) then costs one receive, not two.
+    // datagram (a ping-pong) then costs one receive, not two. A full
+    // receive of more than one says a stream is on: more are likely
+    // waiting (rx_pending()).
     const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
     int r = raw_recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT);
     rx_want_ = r <= 0 ? 1 : size_t(r) == n ? 2 * n : size_t(r);
+    rx_more_ = r > 1 && size_t(r) == n;
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {
       rx_seg_[i] = 0;

@@ -28,7 +28,7 @@ class UdpNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return gso_segs_; }
-  bool rx_pending() const override { return rx_i_ < rx_n_; }
+  bool rx_pending() const override { return rx_i_ < rx_n_ || rx_more_; }
   uint32_t rcvbuf() const { return rcvbuf_; }
 
  private:
@@ -51,6 +51,7 @@ class UdpNic final : public Nic {
   std::vector<uint16_t> rx_seg_;   // per datagram: its GRO segment size, 0 if none
   size_t rx_n_ = 0, rx_i_ = 0, rx_off_ = 0;
   size_t rx_want_ = 1;   // datagrams the next recvmmsg asks for
+  bool rx_more_ = false; // the last recvmmsg got all of several it asked for
   void reset_rx_header(size_t i);
   std::vector<struct mmsghdr> tx_msgs_;
   std::vector<struct sockaddr_in> tx_addr_;

@@ -337,7 +337,10 @@ void Context::kick() {
 
 void Context::try_progress() {
   const uint64_t now = now_ns();
-  const uint64_t prev = app_polled_.exchange(now, std::memory_order_relaxed);
+  // (A load and a store, not an exchange: several threads polling may
+  // lose one another's time, which only needs to be recent.)
+  const uint64_t prev = app_polled_.load(std::memory_order_relaxed);
+  app_polled_.store(now, std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return;
   // ACKs may wait for the application's next call only while it polls in a
   // loop: the progress thread then looks in within USRC_APP_QUIET_US and

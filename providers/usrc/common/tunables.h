@@ -23,8 +23,8 @@ namespace usrc {
     " sleeping, on an otherwise idle core (0: sleep at once; ignored with"                 \
     " USRC_PROGRESS_RT)")                                                                  \
   X(uint32_t, app_quiet_us, "USRC_APP_QUIET_US", 1000,                                    \
-    "The progress thread leaves the socket to the application while it polled within this" \
-    " many microseconds (0: the progress thread always receives too)")                    \
+    "The progress thread leaves the engine (socket, timers) to the application while it"  \
+    " polled within this many microseconds (0: the progress thread always receives too)")  \
   X(uint32_t, progress_rt, "USRC_PROGRESS_RT", 0,                                         \
     "Run the progress thread at real-time priority where permitted")                       \
   X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1,                                           \

@@ -132,9 +132,10 @@ for s in $LAT_SIZES; do
   R[udppp/$s]=${R[udppp/$s]:-NaN}
   R[floor/$s]=$(lowest "${R[sockperf/$s]:-NaN}" "${R[udppp/$s]}")
 done
-blast() {   # blast SIZE [-g]: prints "Gbit/s Mpps" as the receiver saw them
+best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "NaN" || b + 0 > a + 0) ? b : a }'; }
+blast() {   # blast SIZE [-g [RUN]]: prints "Gbit/s Mpps bytes" as the receiver saw them
   port=$((port + 1))
-  local tag=udpblast-$1${2:-}
+  local tag=udpblast-$1${2:-}${3:+-$3}
   /usr/bin/time -f "%U %S" -o "$LOG/$tag.srv.cpu" "$UDPBLAST" -s -p $port ${2:-} -t $SECS >"$LOG/$tag.srv" 2>&1 &
   local spid=$!
   sleep 0.3
@@ -142,13 +143,25 @@ blast() {   # blast SIZE [-g]: prints "Gbit/s Mpps" as the receiver saw them
   wait $spid
   sed -n 's/.*bytes=\([0-9]*\).*gbps=\([0-9.]*\) mpps=\([0-9.]*\)/\2 \3 \1/p' "$LOG/$tag.srv"
 }
+# The references of the targets (GSO/GRO at 64 B and 64 KB) are the best of
+# three runs: the blast varies from run to run as much as usrc does (42 to
+# 64 Gbit/s at 64 KB on 2 cores), and a low one would flatter usrc. Every
+# run is in $LOG/blast-runs.
 for s in $BW_SIZES; do
   set -- $(blast $s) ; R[udp/$s]=${1:-NaN} R[udp/$s/mpps]=${2:-NaN}
-  set -- $(blast $s -g); R[gso/$s]=${1:-NaN} R[gso/$s/mpps]=${2:-NaN} R[gso/$s/bytes]=${3:-0}
+  reps=1; case $s in 64|65536) [ -z "$QUICK" ] && reps=3 ;; esac
+  R[gso/$s]=NaN R[gso/$s/mpps]=NaN R[gso/$s/bytes]=0 runs=
+  for r in $(seq $reps); do
+    set -- $(blast $s -g $r); runs="$runs ${1:-NaN}/${2:-NaN}"
+    if [ "$(best "${R[gso/$s]}" "${1:-NaN}")" != "${R[gso/$s]}" ]; then
+      R[gso/$s]=$1 R[gso/$s/mpps]=${2:-NaN} R[gso/$s/bytes]=${3:-0} R[gso/$s/run]=$r
+    fi
+  done
+  echo "bench: udpblast -g $s B, Gbit/s/Mpps:$runs" >>"$LOG/blast-runs"
 done
-R[cpu/gso/srv]=$(cpu "$LOG/udpblast-65536-g.srv.cpu") R[cpu/gso/cli]=$(cpu "$LOG/udpblast-65536-g.cli.cpu")
+r=${R[gso/65536/run]:-1}
+R[cpu/gso/srv]=$(cpu "$LOG/udpblast-65536-g-$r.srv.cpu") R[cpu/gso/cli]=$(cpu "$LOG/udpblast-65536-g-$r.cli.cpu")
 R[gb/gso]=$(awk -v b=${R[gso/65536/bytes]} 'BEGIN { print b / 1e9 }')
-best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "NaN" || b + 0 > a + 0) ? b : a }'; }
 
 # ---- peer: libfabric fi_pingpong, ofi_rxd over UDP and tcp (MB/s counts both ways)
 OFI_SIZES="2 4096 65536"

@@ -45,10 +45,7 @@ size_t Cq::poll(Completion *out, size_t max) {
   return n;
 }
 
-bool Cq::empty() const {
-  std::lock_guard g(mu_);
-  return head_ == tail_;
-}
+bool Cq::empty() const { return entries_.load(std::memory_order_acquire) == 0; }
 
 void Cq::arm(bool solicited_only) {
   std::lock_guard g(mu_);

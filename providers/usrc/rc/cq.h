@@ -53,7 +53,8 @@ class Cq {
   Arm last_fired_ = Arm::none;
   std::atomic<uint32_t> fire_seq_{0}, sent_seq_{0}, handled_seq_{0};
   // Entries in the ring, kept with it under mu_: a poll of an empty CQ (a
-  // polling application's common case) reads it without the lock.
+  // polling application's common case) and empty() read it without the
+  // lock.
   std::atomic<size_t> entries_{0};
   bool overflowed_ = false;
   Hooks *hooks_;

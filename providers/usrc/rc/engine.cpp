@@ -229,15 +229,6 @@ size_t Engine::progress(bool app, uint64_t now) {
     received += n;
     if (n < batch && !nic_->rx_pending()) break;
   }
-  // One ACK per QP per pass, however many requests asked for one.
-  const size_t queued = tx_nslots_;
-  for (Qp *qp : ack_list_) {
-    if (qp->ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->epsn, kPsnMask));
-    qp->ack_pending = false;
-  }
-  ack_list_.clear();
-  const size_t acks_end = tx_nslots_;
-
   now = pass_time_;   // timers: the pass start is recent enough
   if (now >= next_deadline_.load(std::memory_order_relaxed)) {
     next_deadline_.store(UINT64_MAX, std::memory_order_relaxed);
@@ -254,13 +245,25 @@ size_t Engine::progress(bool app, uint64_t now) {
   }
   for (Qp *qp : live_)
     if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
-  // Only ACKs to send (no resend from a timer, no request): hold them.
-  if (app && !acks_held_ && queued == 0 && acks_end > 0 && tx_nslots_ == acks_end) {
-    acks_held_ = true;   // sent by the next post_send or progress
+  // Only ACKs to send (no response, resend or request): hold them, not yet
+  // built, for the next transmit (the next post_send or progress).
+  if (app && !acks_held_ && tx_nslots_ == 0 && !ack_list_.empty()) {
+    acks_held_ = true;
     return received;
   }
   tx_flush();
   return received;
+}
+
+// One ACK per QP per transmit, however many requests asked for one, built
+// behind the requests in the batch: a smaller packet may end a GSO run, so
+// a reply and the ACK it carries leave as one send whatever their sizes.
+void Engine::build_acks() {
+  for (Qp *qp : ack_list_) {
+    if (qp->ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->epsn, kPsnMask));
+    qp->ack_pending = false;
+  }
+  ack_list_.clear();
 }
 
 void Engine::handle_packet(const net::RxPacket &pkt) {
@@ -324,7 +327,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
 }
 
 Engine::TxSlot &Engine::tx_slot() {
-  if (tx_nslots_ == kTxBatch) tx_flush();
+  if (tx_nslots_ == kTxBatch) send_batch();
   TxSlot &s = tx_slots_[tx_nslots_];
   s.iov = &tx_iov_[tx_niov_];
   return s;
@@ -408,6 +411,11 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
 }
 
 void Engine::tx_flush() {
+  build_acks();
+  send_batch();
+}
+
+void Engine::send_batch() {
   acks_held_ = false;
   if (!tx_count_) return;
   size_t sent = nic_->send({tx_pkts_.data(), tx_count_});

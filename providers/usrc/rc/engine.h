@@ -120,7 +120,9 @@ class Engine {
   struct TxSlot;
   TxSlot &tx_slot();
   void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t extra_iov);
-  void tx_flush();
+  void tx_flush();    // the pending ACKs, then the batch
+  void send_batch();  // the batch as it is
+  void build_acks();
   void count(Counter c, uint64_t n = 1) { counters[static_cast<uint32_t>(c)] += n; }
   // The time for completion timestamps and timers: read once per progress
   // pass (a clock read per completion cost a few % of a core at 1 Mpps).
@@ -158,7 +160,7 @@ class Engine {
   std::array<net::TxPacket, kTxBatch> tx_pkts_{};
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
-  bool acks_held_ = false;       // progress(app) left its ACKs in the batch
+  bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;

@@ -153,20 +153,30 @@ void send_messages(Pair &p, int n, uint32_t max_len, uint64_t seed) {
   CHECK(drain(p.a.scq).empty());
 }
 
-// One receive at b (128 bytes of rx, slot id) and a signaled 100-byte SEND
-// from a.
-void post_small_send(Pair &p, std::vector<uint8_t> &buf, std::vector<uint8_t> &rx, uint64_t id) {
+// A receive of len bytes at buf.
+RecvWr recv_wr(uint8_t *buf, uint32_t len, uint64_t id = 0) {
   RecvWr r;
   r.wr_id = id;
   r.num_sge = 1;
-  r.sge[0] = {rx.data() + 128 * id, 128};
-  REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
+  r.sge[0] = {buf, len};
+  return r;
+}
+
+// A signaled SEND of len bytes from buf.
+SendWr send_wr(uint8_t *buf, uint32_t len, uint64_t id = 0) {
   SendWr w;
   w.wr_id = id;
   w.flags = kSignaled;
   w.num_sge = 1;
-  w.sge[0] = {buf.data(), 100};
-  REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  w.sge[0] = {buf, len};
+  return w;
+}
+
+// One receive at b (128 bytes of rx, slot id) and a signaled 100-byte SEND
+// from a.
+void post_small_send(Pair &p, std::vector<uint8_t> &buf, std::vector<uint8_t> &rx, uint64_t id) {
+  REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * id, 128, id)) == 0);
+  REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, id)) == 0);
 }
 
 }  // namespace
@@ -217,14 +227,7 @@ TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then 
   p.a.qp->retry_left = 3;
   p.net.set_partitioned(p.b.e->nic().local(), true);
   std::vector<uint8_t> buf(100, 1);
-  for (int i = 0; i < 3; i++) {
-    SendWr w;
-    w.wr_id = i;
-    w.flags = kSignaled;
-    w.num_sge = 1;
-    w.sge[0] = {buf.data(), 100};
-    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
-  }
+  for (int i = 0; i < 3; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, i)) == 0);
   uint64_t t0 = p.net.now();
   std::vector<Completion> sc;
   REQUIRE(p.run([&] {
@@ -744,17 +747,10 @@ TEST_CASE("a reply and the ACK it carries leave as one segmented send, whatever 
 
   std::vector<uint8_t> ping(8, 1), pong(100, 2), rb(128), ra(128);
   auto recv = [](Side &s, std::vector<uint8_t> &buf) {
-    RecvWr r;
-    r.num_sge = 1;
-    r.sge[0] = {buf.data(), uint32_t(buf.size())};
-    REQUIRE(s.e->post_recv(*s.qp, r) == 0);
+    REQUIRE(s.e->post_recv(*s.qp, recv_wr(buf.data(), uint32_t(buf.size()))) == 0);
   };
   auto send = [](Side &s, std::vector<uint8_t> &buf) {
-    SendWr w;
-    w.flags = kSignaled;
-    w.num_sge = 1;
-    w.sge[0] = {buf.data(), uint32_t(buf.size())};
-    REQUIRE(s.e->post_send(*s.qp, w) == 0);
+    REQUIRE(s.e->post_send(*s.qp, send_wr(buf.data(), uint32_t(buf.size()))) == 0);
   };
   recv(b, rb);
   recv(a, ra);

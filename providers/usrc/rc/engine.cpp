@@ -411,12 +411,12 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
 }
 
 void Engine::tx_flush() {
+  acks_held_ = false;
   build_acks();
   send_batch();
 }
 
 void Engine::send_batch() {
-  acks_held_ = false;
   if (!tx_count_) return;
   size_t sent = nic_->send({tx_pkts_.data(), tx_count_});
   if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);

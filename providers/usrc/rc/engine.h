@@ -74,8 +74,8 @@ class Engine {
   // Returns how many packets it received.
   size_t progress(bool app = false, uint64_t now = 0);
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX. The
-  // one read that needs no lock: the progress thread decides how long to
-  // sleep while the application holds it.
+  // one read that needs no lock: kick() makes it after releasing the lock,
+  // while another thread may hold it.
   uint64_t next_deadline() const { return next_deadline_.load(std::memory_order_relaxed); }
   net::Nic &nic() { return *nic_; }
   uint64_t now() const { return clock_(); }

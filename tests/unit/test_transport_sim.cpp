@@ -782,3 +782,25 @@ TEST_CASE("a reply and the ACK it carries leave as one segmented send, whatever 
   CHECK(std::equal(pong.begin(), pong.end(), ra.begin()));
   CHECK(a.e->counters[uint32_t(Counter::malformed_drops)] == 0);
 }
+
+TEST_CASE("SQD: a message already sent is resent from its start after a loss", "[sim]") {
+  Pair p(41);
+  std::vector<uint8_t> buf(3000, 7), rx(4096, 0);
+  REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), uint32_t(rx.size()), 1)) == 0);
+  net::SimFaults lose_all;
+  lose_all.drop = 1.0;
+  p.net.set_faults(lose_all);
+  REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), uint32_t(buf.size()), 1)) == 0);
+  // Every packet of the message is lost; the send queue is then drained.
+  p.a.e->set_state(*p.a.qp, QpState::sqd);
+  p.net.set_faults({});
+  std::vector<Completion> sc, rc;
+  REQUIRE(p.run([&] {
+    for (auto &c : drain(p.a.scq)) sc.push_back(c);
+    for (auto &c : drain(p.b.rcq)) rc.push_back(c);
+    return !sc.empty() && !rc.empty();
+  }, 2'000'000'000));
+  CHECK(sc[0].status == WcStatus::success);
+  CHECK(rc[0].byte_len == buf.size());
+  CHECK(std::equal(buf.begin(), buf.end(), rx.begin()));
+}

@@ -53,7 +53,9 @@ void Engine::arm_retransmit(Qp &qp) {
 // sent; WQEs not yet started wait for the return to RTS.
 void Engine::check_drained(Qp &qp) {
   if (qp.state != QpState::sqd || qp.sqd_drained || qp.sq.head != qp.tx_pos) return;
-  if (qp.tx_pos != qp.sq.tail && qp.tx_psn != qp.sq.at(qp.tx_pos).first_psn) return;
+  // (A WQE sent before is started, even while a loss resends it from its
+  // first packet.)
+  if (qp.tx_pos != qp.sq.tail && psn_lt(qp.sq.at(qp.tx_pos).first_psn, qp.tx_high)) return;
   qp.sqd_drained = true;
   if (qp.sqd_notify && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
 }

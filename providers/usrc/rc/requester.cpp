@@ -46,8 +46,11 @@ void Engine::requester_tx(Qp &qp) {
     SendWqe &w = qp.sq.at(qp.tx_pos);
     const bool rd = is_rd_atomic(w.wr.opcode);
     if (qp.tx_psn == w.first_psn || rd) {
-      // SQD (IBA 10.3.1.4): finish the message in progress, start no new one.
-      if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn) break;
+      // SQD (IBA 10.3.1.4): finish the message in progress, start no new
+      // one. A message sent before (tx_high beyond its start) is in
+      // progress, also when a loss makes it resend from its first packet.
+      if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn && !psn_lt(w.first_psn, qp.tx_high))
+        break;
       if (rd || (w.wr.flags & kFence)) {
         // READ/ATOMIC requests in flight: those in [head, tx_pos).
         const uint32_t in_flight =

@@ -19,6 +19,7 @@
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
 #include "usrc/net/ofi.h"
+#include "usrc/net/shm.h"
 #include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
 #include "usrc/net/xdp.h"
@@ -104,6 +105,12 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
                     : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
                                 : 64;
   std::unique_ptr<net::Nic> dev = std::move(nic);
+  if (cfg.backend == "udp" && t.shm) {
+    // Peers on this host: through shared memory (net/shm.h).
+    std::string serr;
+    if (auto s = net::ShmNic::wrap(dev, &serr)) dev = std::move(s);
+    else log().warn("{}: no shared-memory ring, peers on this host use the socket: {}", cfg.name, serr);
+  }
   if (const char *trace = getenv("USRC_TRACE"); trace && *trace) {
     // Packet capture (usrc trace): every datagram to a pcap file.
     std::string path = net::trace_path(trace), terr;
@@ -314,7 +321,12 @@ void Context::progress_loop() {
       ts = {static_cast<time_t>(d / 1000000000ull), static_cast<long>(d % 1000000000ull)};
       tsp = &ts;
     }
+    // On the socket: datagrams a backend holds elsewhere (a shared-memory
+    // ring) say so now, or have a doorbell rung once we are asleep.
+    const bool on_nic = fds[0].fd >= 0;
+    if (on_nic && !engine_->nic().prepare_wait()) continue;
     int r = ppoll(fds, 3, tsp, nullptr);
+    if (on_nic) engine_->nic().end_wait();
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);

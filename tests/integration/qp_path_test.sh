@@ -26,7 +26,7 @@ check() {   # check DEV PORT: run the path traffic on DEV under a capture
   sleep 0.3
   # A capture on lo shows a UDP GSO send as one large packet (a NIC or the
   # receiving socket splits it), so the datagrams are checked without GSO.
-  USRC_GSO=1 USRC_TEST_DEV=$dev timeout 60 "$USRC" exec -- "$PROG" "[.path]" || fail "$dev: path traffic"
+  USRC_SHM=0 USRC_GSO=1 USRC_TEST_DEV=$dev timeout 60 "$USRC" exec -- "$PROG" "[.path]" || fail "$dev: path traffic"
   sleep 0.5
   kill -INT $tpid; wait $tpid
   rows=$(tshark -r "$CAP" -T fields -e ip.dsfield -e ip.ttl -e udp.srcport 2>/dev/null | sort | uniq -c)

@@ -3,12 +3,18 @@
 // order. A backend that cannot open here is skipped with a message.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <functional>
 #include <random>
 
 #include "usrc/net/ofi.h"
+#include "usrc/net/shm.h"
 #include "usrc/net/udp.h"
 #include "usrc/rc/engine.h"
 
@@ -176,4 +182,172 @@ TEST_CASE("transport over the ofi backend (libfabric udp provider)", "[nic]") {
 #else
   WARN("backend ofi skipped: built without libfabric");
 #endif
+}
+
+// ---- the shared-memory ring (net/shm.h)
+
+namespace {
+
+std::unique_ptr<net::Nic> shm_nic(net::Endpoint e) {
+  std::string err;
+  int en = 0;
+  std::unique_ptr<net::Nic> u = net::UdpNic::open(e, 1 << 20, 32, 64, &en, &err);
+  REQUIRE(u);
+  auto s = net::ShmNic::wrap(u, &err);
+  INFO(err);
+  REQUIRE(s);
+  return s;
+}
+
+bool shm_exists(net::Endpoint e) {
+  return access(("/dev/shm" + net::ShmNic::ring_name(e)).c_str(), F_OK) == 0;
+}
+
+// Receives until `want` datagrams came or a second passed.
+std::vector<std::vector<uint8_t>> take(net::Nic &n, size_t want, std::vector<net::Endpoint> *src = nullptr) {
+  std::vector<std::vector<uint8_t>> got;
+  net::RxPacket out[8];
+  for (uint64_t end = wall_ns() + 1'000'000'000ull; got.size() < want && wall_ns() < end;) {
+    size_t k = n.recv({out, 8});
+    for (size_t i = 0; i < k; i++) {
+      got.emplace_back(out[i].data, out[i].data + out[i].len);
+      if (src) src->push_back(out[i].src);
+    }
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("transport over the udp backend with the shared-memory ring", "[nic]") {
+  run_backend("udp+shm", [](net::Endpoint e, std::string *err) -> std::unique_ptr<net::Nic> {
+    int en = 0;
+    std::unique_ptr<net::Nic> u = net::UdpNic::open(e, 4 << 20, 32, 64, &en, err);
+    return u ? net::ShmNic::wrap(u, err) : nullptr;
+  });
+}
+
+TEST_CASE("shm: a segmented send arrives as its datagrams, from the sender's endpoint", "[nic]") {
+  constexpr uint16_t kBase = 26200;
+  auto a = shm_nic({0x7f000001, kBase}), b = shm_nic({0x7f000001, kBase + 1});
+  CHECK(shm_exists(b->local()));
+  a->add_peer(b->local());
+  std::vector<uint8_t> data(240);
+  for (size_t i = 0; i < data.size(); i++) data[i] = uint8_t(i * 7 + 1);
+  iovec iov[3] = {{data.data(), 30}, {data.data() + 30, 150}, {data.data() + 180, 60}};
+  net::TxPacket p{b->local(), iov, 3};
+  p.gso_size = 100;
+  p.segs = 3;
+  p.src_port = 0xc123;   // an entropy source port is kept
+  REQUIRE(a->send({&p, 1}) == 3);
+  CHECK(b->rx_pending());
+  std::vector<net::Endpoint> src;
+  auto got = take(*b, 3, &src);
+  REQUIRE(got.size() == 3);
+  CHECK(got[0] == std::vector<uint8_t>(data.begin(), data.begin() + 100));
+  CHECK(got[1] == std::vector<uint8_t>(data.begin() + 100, data.begin() + 200));
+  CHECK(got[2] == std::vector<uint8_t>(data.begin() + 200, data.end()));
+  for (auto &s : src) CHECK(s == net::Endpoint{0x7f000001, 0xc123});
+  CHECK_FALSE(b->rx_pending());
+}
+
+TEST_CASE("shm: a full ring drops what does not fit, and takes more once read", "[nic]") {
+  constexpr uint16_t kBase = 26210;
+  auto a = shm_nic({0x7f000001, kBase}), b = shm_nic({0x7f000001, kBase + 1});
+  a->add_peer(b->local());
+  uint32_t v = 0;
+  iovec iov{&v, sizeof v};
+  net::TxPacket p{b->local(), &iov, 1};
+  size_t sent = 0;
+  for (v = 0; v < net::ShmNic::kSlots + 10; v++) sent += a->send({&p, 1});
+  CHECK(sent == net::ShmNic::kSlots);
+  auto got = take(*b, net::ShmNic::kSlots);
+  REQUIRE(got.size() == net::ShmNic::kSlots);
+  for (uint32_t i = 0; i < got.size(); i++) {
+    uint32_t x;
+    std::memcpy(&x, got[i].data(), 4);
+    CHECK(x == i);   // in order, the first kSlots
+  }
+  v = 7;
+  // The last datagrams handed out are freed by the next receive.
+  CHECK(b->recv({}) == 0);
+  CHECK(a->send({&p, 1}) == 1);
+  CHECK(take(*b, 1).size() == 1);
+}
+
+TEST_CASE("shm: a sleeping receiver is woken by a doorbell on its socket, which it drops", "[nic]") {
+  constexpr uint16_t kBase = 26220;
+  auto a = shm_nic({0x7f000001, kBase}), b = shm_nic({0x7f000001, kBase + 1});
+  a->add_peer(b->local());
+  uint32_t v = 42;
+  iovec iov{&v, sizeof v};
+  net::TxPacket p{b->local(), &iov, 1};
+  // Data waiting: no sleep.
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK_FALSE(b->prepare_wait());
+  CHECK(take(*b, 1).size() == 1);
+  // Nothing waiting: sleep; the next send rings.
+  REQUIRE(b->prepare_wait());
+  pollfd pf{b->wait_fd(), POLLIN, 0};
+  CHECK(poll(&pf, 1, 0) == 0);
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK(poll(&pf, 1, 1000) == 1);
+  b->end_wait();
+  auto got = take(*b, 2);
+  REQUIRE(got.size() == 1);   // the datagram, not the doorbell
+  CHECK(got[0].size() == 4);
+  CHECK(poll(&pf, 1, 0) == 0);   // the doorbell was read off the socket
+  // Awake: no doorbell.
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK(poll(&pf, 1, 50) == 0);
+  CHECK(take(*b, 1).size() == 1);
+}
+
+TEST_CASE("shm: a peer without a ring, or gone, is reached over the socket", "[nic]") {
+  constexpr uint16_t kBase = 26230;
+  auto a = shm_nic({0x7f000001, kBase});
+  std::string err;
+  int en = 0;
+  auto plain = net::UdpNic::open({0x7f000001, kBase + 1}, 1 << 20, 32, 64, &en, &err);
+  REQUIRE(plain);
+  a->add_peer(plain->local());
+  uint32_t v = 5;
+  iovec iov{&v, sizeof v};
+  net::TxPacket p{plain->local(), &iov, 1};
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK(take(*plain, 1).size() == 1);
+
+  auto b = shm_nic({0x7f000001, kBase + 2});
+  a->add_peer(b->local());
+  p.dst = b->local();
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK(take(*b, 1).size() == 1);
+  b.reset();   // closes: the ring is retired and removed
+  CHECK_FALSE(shm_exists({0x7f000001, kBase + 2}));
+  CHECK(a->send({&p, 1}) <= 1);   // the socket now (nobody listens): no crash
+  // A new owner of the endpoint: found at the next add_peer.
+  b = shm_nic({0x7f000001, kBase + 2});
+  a->add_peer(b->local());
+  REQUIRE(a->send({&p, 1}) == 1);
+  CHECK(take(*b, 1).size() == 1);
+}
+
+TEST_CASE("shm: the ring of a process that died is removed by the next context", "[nic]") {
+  constexpr uint16_t kBase = 26240;
+  const net::Endpoint dead{0x7f000001, kBase};
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string err;
+    int en = 0;
+    std::unique_ptr<net::Nic> u = net::UdpNic::open(dead, 1 << 20, 32, 64, &en, &err);
+    auto s = u ? net::ShmNic::wrap(u, &err) : nullptr;
+    _exit(s ? 0 : 1);   // no destructor: the ring stays behind
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(shm_exists(dead));
+  auto a = shm_nic({0x7f000001, kBase + 1});
+  CHECK_FALSE(shm_exists(dead));
 }

@@ -27,6 +27,9 @@ namespace usrc {
     " polled within this many microseconds (0: the progress thread always receives too)")  \
   X(uint32_t, progress_rt, "USRC_PROGRESS_RT", 0,                                         \
     "Run the progress thread at real-time priority where permitted")                       \
+  X(uint32_t, shm, "USRC_SHM", 1,                                                         \
+    "UDP backend: datagrams to contexts on this host (same user and network namespace) go"  \
+    " through their shared-memory ring instead of the socket (0: always the socket)")      \
   X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1,                                           \
     "Verify the ICRC of received packets (an ICRC of 0 from this host means none: see"    \
     " USRC_ICRC_LOCAL)")                                                                   \

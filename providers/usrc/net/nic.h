@@ -61,6 +61,11 @@ class Nic {
   // show, or a stream whose next datagrams are likely waiting: call recv()
   // again before sleeping.
   virtual bool rx_pending() const { return false; }
+  // The progress thread is about to sleep on wait_fd(): false if datagrams
+  // are waiting that the fd would not show (then it calls recv() instead).
+  // end_wait() follows every true, once awake. Thread-safe against recv().
+  virtual bool prepare_wait() { return true; }
+  virtual void end_wait() {}
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.

@@ -28,6 +28,8 @@ class TraceNic final : public Nic {
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
   bool rx_pending() const override { return inner_->rx_pending(); }
+  bool prepare_wait() override { return inner_->prepare_wait(); }
+  void end_wait() override { inner_->end_wait(); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}

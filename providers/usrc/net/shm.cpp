@@ -1,0 +1,371 @@
+#include "usrc/net/shm.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+namespace usrc::net {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x31676e6972637375ull;   // "usrcring1"-ish, little-endian
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kMask = ShmNic::kSlots - 1;
+static_assert((ShmNic::kSlots & kMask) == 0, "a power of two");
+// The doorbell: a UDP datagram too short to be an IBA packet.
+constexpr uint8_t kDoorbell[4] = {'u', 's', 'd', 'b'};
+constexpr uint64_t kStuckNs = 1'000'000'000;
+
+uint64_t coarse_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+}  // namespace
+
+// One datagram. `seq` is stored less the slot's index, so that the zero
+// pages of a fresh ring are its initial state (slot i free for position i)
+// and creating a ring touches none of them.
+struct ShmSlot {
+  std::atomic<uint64_t> seq;
+  int32_t pid;        // the producer that claimed it
+  uint32_t len;
+  uint32_t src_ip;
+  uint16_t src_port;
+  uint16_t reserved;
+  alignas(64) uint8_t data[ShmNic::kSlotData];
+};
+
+struct ShmRing {
+  uint64_t magic;     // written last, when the ring is ready
+  uint32_t version, nslots, slot_size;
+  int32_t owner;
+  std::atomic<uint32_t> alive;                  // 0: retired, writers let go
+  alignas(64) std::atomic<uint64_t> tail;       // the next position to claim
+  alignas(64) std::atomic<uint32_t> sleeping;   // the owner waits on its socket
+  alignas(64) ShmSlot slots[ShmNic::kSlots];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "atomics shared between processes must be lock-free");
+
+static uint64_t seq_of(const ShmSlot &s, uint64_t idx) {
+  return s.seq.load(std::memory_order_acquire) + idx;
+}
+static void set_seq(ShmSlot &s, uint64_t idx, uint64_t v) {
+  s.seq.store(v - idx, std::memory_order_release);
+}
+
+// "/usrc.<uid>.<netns inode>.": the rings this process may talk to.
+static std::string ring_prefix() {
+  struct stat st {};
+  const unsigned long long ns = stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;
+  return "/usrc." + std::to_string(getuid()) + "." + std::to_string(ns) + ".";
+}
+
+std::string ShmNic::ring_name(Endpoint e) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%08x.%u", e.ip, static_cast<unsigned>(e.port));
+  return ring_prefix() + b;
+}
+
+ShmNic::Mapping ShmNic::map_ring(const std::string &name, std::string *err) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (err) *err = strerror(errno);
+    return {};
+  }
+  struct stat st {};
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && size_t(st.st_size) == sizeof(ShmRing))
+    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    if (err) *err = "not a ring of this version";
+    return {};
+  }
+  auto *r = static_cast<ShmRing *>(p);
+  if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != kMagic || r->version != kVersion ||
+      r->nslots != kSlots || r->slot_size != sizeof(ShmSlot)) {
+    munmap(p, sizeof(ShmRing));
+    if (err) *err = "not a ring of this version";
+    return {};
+  }
+  return {r, sizeof(ShmRing)};
+}
+
+void ShmNic::unmap(Mapping &m) {
+  if (m.ring) munmap(m.ring, m.bytes);
+  m = {};
+}
+
+// Rings whose owner died without removing them (killed, crashed) hold
+// their memory until someone does: removed when a context opens.
+static void sweep(const std::string &prefix) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  while (dirent *e = readdir(d)) {
+    if (std::strncmp(e->d_name, prefix.c_str() + 1, prefix.size() - 1) != 0) continue;
+    const std::string name = std::string("/") + e->d_name;
+    ShmNic::Mapping m = ShmNic::map_ring(name, nullptr);
+    if (m.ring && m.ring->alive.load(std::memory_order_acquire) && m.ring->owner > 0 &&
+        kill(m.ring->owner, 0) != 0 && errno == ESRCH) {
+      m.ring->alive.store(0, std::memory_order_release);
+      shm_unlink(name.c_str());
+    }
+    ShmNic::unmap(m);
+  }
+  closedir(d);
+}
+
+std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err) {
+  sweep(ring_prefix());
+  const std::string name = ring_name(inner->local());
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // Left by an earlier owner of this endpoint, which exited without
+    // removing it: retire it (writers still mapping it let go), replace it.
+    Mapping old = map_ring(name, nullptr);
+    if (old.ring) old.ring->alive.store(0, std::memory_order_release);
+    unmap(old);
+    shm_unlink(name.c_str());
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) {
+    *err = "shm_open " + name + ": " + strerror(errno);
+    return nullptr;
+  }
+  // The pages are reserved now: a full /dev/shm fails here, cleanly, and
+  // not later as SIGBUS in a writer.
+  void *p = MAP_FAILED;
+  int e = ftruncate(fd, sizeof(ShmRing)) == 0 ? posix_fallocate(fd, 0, sizeof(ShmRing)) : errno;
+  if (e == 0) {
+    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) e = errno;
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    *err = "shared memory for " + name + ": " + strerror(e);
+    return nullptr;
+  }
+  auto *r = static_cast<ShmRing *>(p);   // all zero: every slot free
+  r->version = kVersion;
+  r->nslots = kSlots;
+  r->slot_size = sizeof(ShmSlot);
+  r->owner = getpid();
+  r->alive.store(1, std::memory_order_relaxed);
+  __atomic_store_n(&r->magic, kMagic, __ATOMIC_RELEASE);
+  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), {r, sizeof(ShmRing)}, name));
+}
+
+ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name)
+    : inner_(std::move(inner)), own_(own), name_(std::move(name)), pid_(getpid()) {
+  udp_tx_.reserve(64);
+}
+
+ShmNic::~ShmNic() {
+  for (Peer &p : peers_) unmap(p.m);
+  own_.ring->alive.store(0, std::memory_order_release);
+  unmap(own_);
+  shm_unlink(name_.c_str());
+}
+
+void ShmNic::add_peer(Endpoint e) {
+  inner_->add_peer(e);
+  for (Peer &p : peers_) {
+    if (!(p.ep == e)) continue;
+    if (p.m.ring && p.m.ring->alive.load(std::memory_order_acquire)) return;
+    unmap(p.m);   // none yet, or retired: look again
+    p.m = map_ring(ring_name(e), nullptr);
+    return;
+  }
+  peers_.push_back({e, map_ring(ring_name(e), nullptr)});
+}
+
+ShmRing *ShmNic::peer_ring(Endpoint e) {
+  Peer *p = nullptr;
+  if (last_peer_ < peers_.size() && peers_[last_peer_].ep == e) {
+    p = &peers_[last_peer_];
+  } else {
+    for (size_t i = 0; i < peers_.size(); i++)
+      if (peers_[i].ep == e) {
+        p = &peers_[i];
+        last_peer_ = i;
+        break;
+      }
+  }
+  if (!p || !p->m.ring) return nullptr;
+  if (!p->m.ring->alive.load(std::memory_order_relaxed)) {
+    // The peer closed (or a new owner of its endpoint retired the ring):
+    // from now on the socket, until the next add_peer() finds a new ring.
+    unmap(p->m);
+    return nullptr;
+  }
+  return p->m.ring;
+}
+
+// Copies the next len bytes at the iovec cursor into a claimed slot; the
+// cursor moves past them whether or not a slot was free.
+bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len) {
+  ShmSlot *s = nullptr;
+  uint64_t pos = r.tail.load(std::memory_order_relaxed), idx = 0;
+  bool claimed = false;
+  if (len <= kSlotData) {
+    for (;;) {
+      idx = pos & kMask;
+      s = &r.slots[idx];
+      const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
+      if (d == 0) {
+        if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          claimed = true;
+          break;
+        }
+      } else if (d < 0) {
+        break;   // full
+      } else {
+        pos = r.tail.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  uint8_t *dst = claimed ? s->data : nullptr;
+  for (size_t need = len; need;) {
+    const size_t take = std::min(iov->iov_len - off, need);
+    if (dst) {
+      std::memcpy(dst, static_cast<const uint8_t *>(iov->iov_base) + off, take);
+      dst += take;
+    }
+    need -= take;
+    off += take;
+    if (off == iov->iov_len) iov++, off = 0;
+  }
+  if (!claimed) return false;
+  s->pid = pid_;
+  s->len = static_cast<uint32_t>(len);
+  s->src_ip = src.ip;
+  s->src_port = src.port;
+  set_seq(*s, idx, pos + 1);
+  return true;
+}
+
+void ShmNic::doorbell(Endpoint dst) {
+  iovec iov{const_cast<uint8_t *>(kDoorbell), sizeof kDoorbell};
+  TxPacket t{dst, &iov, 1};
+  inner_->send({&t, 1});
+}
+
+size_t ShmNic::send(std::span<const TxPacket> pkts) {
+  size_t sent = 0;
+  Endpoint rung{};   // one doorbell per peer and call (a batch goes to one peer, mostly)
+  udp_tx_.clear();
+  const Endpoint me = inner_->local();
+  for (const TxPacket &p : pkts) {
+    ShmRing *r = peer_ring(p.dst);
+    if (!r) {
+      udp_tx_.push_back(p);
+      continue;
+    }
+    const Endpoint src{me.ip, p.src_port ? p.src_port : me.port};
+    size_t total = 0;
+    for (size_t i = 0; i < p.iovcnt; i++) total += p.iov[i].iov_len;
+    const size_t seg = p.segs > 1 && p.gso_size ? p.gso_size : total;
+    const iovec *iov = p.iov;
+    size_t off = 0;
+    for (size_t left = total; left;) {
+      const size_t len = std::min(seg, left);
+      sent += push(*r, src, iov, off, len);
+      left -= len;
+    }
+    // A consumer about to sleep raised `sleeping` before looking at the
+    // ring a last time; we published before looking at the flag. One of
+    // the two sees the other (both sides fence). The flag stays up until
+    // the consumer wakes: a doorbell lost (a full socket buffer) is rung
+    // again by the next send, a retransmission at the latest.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (r->sleeping.load(std::memory_order_relaxed) && !(rung == p.dst)) {
+      doorbell(p.dst);
+      rung = p.dst;
+    }
+  }
+  if (!udp_tx_.empty()) sent += inner_->send(udp_tx_);
+  return sent;
+}
+
+size_t ShmNic::recv(std::span<RxPacket> out) {
+  ShmRing &r = *own_.ring;
+  uint64_t head = head_.load(std::memory_order_relaxed);
+  // What the last call handed out is done with: free it, in order.
+  for (; released_ != head; released_++) set_seq(r.slots[released_ & kMask], released_ & kMask,
+                                                 released_ + kSlots);
+  size_t k = 0;
+  while (k < out.size()) {
+    const uint64_t idx = head & kMask;
+    ShmSlot &s = r.slots[idx];
+    if (seq_of(s, idx) != head + 1) {
+      // Not published. Claimed by a producer that died before publishing
+      // (its process gone for a second): skip it, or the ring stops here.
+      if (r.tail.load(std::memory_order_relaxed) == head) break;
+      const uint64_t now = coarse_ns();
+      if (!stuck_since_) stuck_since_ = now;
+      if (now - stuck_since_ < kStuckNs || s.pid <= 0 || kill(s.pid, 0) == 0 || errno != ESRCH)
+        break;
+      stuck_since_ = 0;
+      skipped_++;
+      head++;
+      continue;
+    }
+    stuck_since_ = 0;
+    const uint32_t len = s.len;
+    head++;
+    if (len > kSlotData) {   // not from one of us: dropped (freed in order)
+      skipped_++;
+      continue;
+    }
+    out[k++] = {{s.src_ip, s.src_port}, s.data, len};
+  }
+  head_.store(head, std::memory_order_relaxed);
+  if (k == out.size()) return k;
+  const bool woken = udp_now_.load(std::memory_order_relaxed);
+  if (!woken && !udp_hot_ && !inner_->rx_pending() && ++udp_skip_ < 16) return k;
+  if (woken) udp_now_.store(false, std::memory_order_relaxed);
+  udp_skip_ = 0;
+  const size_t n = inner_->recv(out.subspan(k));
+  size_t w = k;
+  for (size_t i = k; i < k + n; i++) {
+    if (out[i].len == sizeof kDoorbell && std::memcmp(out[i].data, kDoorbell, sizeof kDoorbell) == 0)
+      continue;
+    out[w++] = out[i];
+  }
+  if (w > k) udp_hot_ = 1024;
+  else if (udp_hot_) udp_hot_--;
+  return w;
+}
+
+bool ShmNic::rx_pending() const {
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  return seq_of(own_.ring->slots[head & kMask], head & kMask) == head + 1 || inner_->rx_pending();
+}
+
+bool ShmNic::prepare_wait() {
+  own_.ring->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  if (seq_of(own_.ring->slots[head & kMask], head & kMask) != head + 1) return true;
+  own_.ring->sleeping.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+void ShmNic::end_wait() {
+  own_.ring->sleeping.store(0, std::memory_order_relaxed);
+  udp_now_.store(true, std::memory_order_relaxed);   // the wake may have been the socket's
+}
+
+}  // namespace usrc::net

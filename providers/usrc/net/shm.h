@@ -1,0 +1,94 @@
+// Same-host datagrams through shared memory: a NIC decorator over the UDP
+// backend. Each context owns a receive ring in /dev/shm named after its
+// UDP endpoint (and the network namespace and user), which any process of
+// the same user on this host may write datagrams into. A datagram to a peer
+// whose ring is open goes into that ring (no system call, one copy);
+// everything else, and every peer without a ring, takes the inner NIC.
+// The packets are the same IBA packets either way: only the medium differs.
+//
+// The ring holds fixed slots (one datagram each) and is a bounded
+// multi-producer, single-consumer queue: a producer claims a position with a
+// compare-and-swap, copies, then publishes the slot's sequence number. A
+// full ring drops, like a full socket buffer: the transport retransmits.
+//
+// Wake-ups: the consumer's progress thread sleeps on the UDP socket. Before
+// sleeping it raises the ring's `sleeping` flag and looks once more; a
+// producer that sees the flag after publishing sends a small doorbell
+// datagram over UDP, which wakes it and is then discarded.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "usrc/net/nic.h"
+
+namespace usrc::net {
+
+struct ShmRing;
+
+class ShmNic final : public Nic {
+ public:
+  // Creates our ring and wraps `inner`; nullptr (inner untouched) with *err
+  // set if the ring cannot be created.
+  static std::unique_ptr<Nic> wrap(std::unique_ptr<Nic> &inner, std::string *err);
+  ~ShmNic() override;
+
+  Endpoint local() const override { return inner_->local(); }
+  int wait_fd() const override { return inner_->wait_fd(); }
+  size_t send(std::span<const TxPacket> pkts) override;
+  size_t recv(std::span<RxPacket> out) override;
+  uint32_t gso_segments() const override { return inner_->gso_segments(); }
+  bool rx_pending() const override;
+  void add_peer(Endpoint e) override;
+  bool same_host(Endpoint e) const override { return inner_->same_host(e); }
+  bool prepare_wait() override;
+  void end_wait() override;
+
+  // The ring's name for an endpoint in this user's and namespace's space.
+  static std::string ring_name(Endpoint e);
+  static constexpr uint32_t kSlots = 2048, kSlotData = 4096 + 256;
+  // Datagrams dropped because a stuck slot was skipped (its producer died
+  // between claiming and publishing it).
+  uint64_t skipped() const { return skipped_; }
+
+  struct Mapping {
+    ShmRing *ring = nullptr;
+    size_t bytes = 0;
+  };
+  // Maps an existing ring of this version (empty Mapping if none).
+  static Mapping map_ring(const std::string &name, std::string *err);
+  static void unmap(Mapping &m);
+
+ private:
+  struct Peer {
+    Endpoint ep;
+    Mapping m;
+  };
+  ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name);
+  ShmRing *peer_ring(Endpoint e);
+  bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len);
+  void doorbell(Endpoint dst);
+
+  std::unique_ptr<Nic> inner_;
+  Mapping own_;
+  std::string name_;
+  const int pid_;
+  std::vector<Peer> peers_;
+  size_t last_peer_ = 0;
+  // Consumer state (under the engine lock); head_ is read by prepare_wait()
+  // from the progress thread, hence atomic.
+  std::atomic<uint64_t> head_{0};
+  uint64_t released_ = 0;          // slots handed out before head_ not yet freed
+  uint64_t stuck_since_ = 0;       // when the head slot was first seen claimed, unpublished
+  uint64_t skipped_ = 0;
+  // The UDP socket is looked at on every call while it carries traffic
+  // (a peer off this host), else on every 16th: an empty receive is a
+  // system call, the ring a memory read.
+  uint32_t udp_hot_ = 0, udp_skip_ = 0;
+  std::atomic<bool> udp_now_{false};   // the progress thread woke: look at once
+  std::vector<TxPacket> udp_tx_;
+};
+
+}  // namespace usrc::net

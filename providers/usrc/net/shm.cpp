@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -54,6 +55,7 @@ struct ShmRing {
   alignas(64) std::atomic<uint32_t> sleeping;   // the owner waits on its socket
   alignas(64) ShmSlot slots[ShmNic::kSlots];
 };
+static_assert(offsetof(ShmRing, slots) <= 4096, "the header fits the first page");
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "atomics shared between processes must be lock-free");
 
@@ -86,7 +88,7 @@ ShmNic::Mapping ShmNic::map_ring(const std::string &name, std::string *err) {
   struct stat st {};
   void *p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && size_t(st.st_size) == sizeof(ShmRing))
-    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
     if (err) *err = "not a ring of this version";
@@ -115,13 +117,22 @@ static void sweep(const std::string &prefix) {
   while (dirent *e = readdir(d)) {
     if (std::strncmp(e->d_name, prefix.c_str() + 1, prefix.size() - 1) != 0) continue;
     const std::string name = std::string("/") + e->d_name;
-    ShmNic::Mapping m = ShmNic::map_ring(name, nullptr);
-    if (m.ring && m.ring->alive.load(std::memory_order_acquire) && m.ring->owner > 0 &&
-        kill(m.ring->owner, 0) != 0 && errno == ESRCH) {
-      m.ring->alive.store(0, std::memory_order_release);
+    // The header only: its first page.
+    int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    struct stat st {};
+    void *p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && size_t(st.st_size) == sizeof(ShmRing))
+      p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) continue;
+    auto *r = static_cast<ShmRing *>(p);
+    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) == kMagic && r->alive.load(std::memory_order_acquire) &&
+        r->owner > 0 && kill(r->owner, 0) != 0 && errno == ESRCH) {
+      r->alive.store(0, std::memory_order_release);
       shm_unlink(name.c_str());
     }
-    ShmNic::unmap(m);
+    munmap(p, 4096);
   }
   closedir(d);
 }
@@ -148,7 +159,7 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   void *p = MAP_FAILED;
   int e = ftruncate(fd, sizeof(ShmRing)) == 0 ? posix_fallocate(fd, 0, sizeof(ShmRing)) : errno;
   if (e == 0) {
-    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) e = errno;
   }
   ::close(fd);
@@ -173,7 +184,8 @@ ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name)
 }
 
 ShmNic::~ShmNic() {
-  for (Peer &p : peers_) unmap(p.m);
+  for (Peer &p : peers_)
+    if (p.owned) unmap(p.m);
   own_.ring->alive.store(0, std::memory_order_release);
   unmap(own_);
   shm_unlink(name_.c_str());
@@ -181,6 +193,12 @@ ShmNic::~ShmNic() {
 
 void ShmNic::add_peer(Endpoint e) {
   inner_->add_peer(e);
+  if (e == inner_->local()) {   // to ourselves: our own ring, not mapped twice
+    for (Peer &p : peers_)
+      if (p.ep == e) return;
+    peers_.push_back({e, own_, false});
+    return;
+  }
   for (Peer &p : peers_) {
     if (!(p.ep == e)) continue;
     if (p.m.ring && p.m.ring->alive.load(std::memory_order_acquire)) return;
@@ -188,7 +206,7 @@ void ShmNic::add_peer(Endpoint e) {
     p.m = map_ring(ring_name(e), nullptr);
     return;
   }
-  peers_.push_back({e, map_ring(ring_name(e), nullptr)});
+  peers_.push_back({e, map_ring(ring_name(e), nullptr), true});
 }
 
 ShmRing *ShmNic::peer_ring(Endpoint e) {
@@ -204,7 +222,7 @@ ShmRing *ShmNic::peer_ring(Endpoint e) {
       }
   }
   if (!p || !p->m.ring) return nullptr;
-  if (!p->m.ring->alive.load(std::memory_order_relaxed)) {
+  if (p->owned && !p->m.ring->alive.load(std::memory_order_relaxed)) {
     // The peer closed (or a new owner of its endpoint retired the ring):
     // from now on the socket, until the next add_peer() finds a new ring.
     unmap(p->m);
@@ -313,16 +331,19 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       // Not published. Claimed by a producer that died before publishing
       // (its process gone for a second): skip it, or the ring stops here.
       if (r.tail.load(std::memory_order_relaxed) == head) break;
+      // (Mostly a writer in the middle of its copy: the clock only after
+      // many looks.)
+      if (++stuck_polls_ < 1024) break;
       const uint64_t now = coarse_ns();
       if (!stuck_since_) stuck_since_ = now;
       if (now - stuck_since_ < kStuckNs || s.pid <= 0 || kill(s.pid, 0) == 0 || errno != ESRCH)
         break;
-      stuck_since_ = 0;
+      stuck_since_ = stuck_polls_ = 0;
       skipped_++;
       head++;
       continue;
     }
-    stuck_since_ = 0;
+    stuck_since_ = stuck_polls_ = 0;
     const uint32_t len = s.len;
     head++;
     if (len > kSlotData) {   // not from one of us: dropped (freed in order)

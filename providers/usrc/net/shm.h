@@ -65,6 +65,7 @@ class ShmNic final : public Nic {
   struct Peer {
     Endpoint ep;
     Mapping m;
+    bool owned = true;   // false: our own ring (own_)
   };
   ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name);
   ShmRing *peer_ring(Endpoint e);
@@ -83,6 +84,7 @@ class ShmNic final : public Nic {
   uint64_t released_ = 0;          // slots handed out before head_ not yet freed
   uint64_t stuck_since_ = 0;       // when the head slot was first seen claimed, unpublished
   uint64_t skipped_ = 0;
+  uint32_t stuck_polls_ = 0;
   // The UDP socket is looked at on every call while it carries traffic
   // (a peer off this host), else on every 16th: an empty receive is a
   // system call, the ring a memory read.

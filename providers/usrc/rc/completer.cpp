@@ -117,7 +117,9 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   if (progress) {
     if (qp.rtt_on && psn_lt(qp.rtt_psn, new_una)) {
       // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
-      const uint64_t r = clock_() - qp.rtt_sent;
+      // (Times read once per pass, by two threads: this pass may have
+      // started before the one that sent.)
+      const uint64_t t = stamp(), r = t > qp.rtt_sent ? t - qp.rtt_sent : 1;
       if (!qp.srtt) {
         qp.srtt = r;
         qp.rttvar = r / 2;

@@ -149,6 +149,16 @@ void Engine::arm_timer(uint64_t deadline) {
 }
 
 int Engine::post_send(Qp &qp, const SendWr &wr) {
+  // At most one clock read for the times this post takes (a round-trip
+  // sample's start, the retransmission timer), and only if it takes one.
+  struct Pass {
+    Engine &e;
+    bool mine;
+    ~Pass() {
+      if (mine) e.pass_time_ = 0, e.lazy_pass_ = false;
+    }
+  } pass{*this, pass_time_ == 0};
+  if (pass.mine) lazy_pass_ = true;
   if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::rtr)
     return EINVAL;
   if (wr.num_sge > kMaxSge) return EINVAL;

@@ -126,8 +126,13 @@ class Engine {
   void count(Counter c, uint64_t n = 1) { counters[static_cast<uint32_t>(c)] += n; }
   // The time for completion timestamps and timers: read once per progress
   // pass (a clock read per completion cost a few % of a core at 1 Mpps).
-  uint64_t stamp() const { return pass_time_ ? pass_time_ : clock_(); }
-  uint64_t pass_time_ = 0;   // 0: not in a pass
+  uint64_t stamp() const {
+    if (pass_time_) return pass_time_;
+    if (lazy_pass_) return pass_time_ = clock_();
+    return clock_();
+  }
+  mutable uint64_t pass_time_ = 0;   // 0: not in a pass (or not read yet)
+  bool lazy_pass_ = false;           // in post_send: the first stamp() sets pass_time_
 
   std::unique_ptr<net::Nic> nic_;
   uint32_t slot_;

@@ -91,7 +91,7 @@ void Engine::requester_tx(Qp &qp) {
       qp.tx_high = next;
       if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
         qp.rtt_on = true;
-        qp.rtt_sent = clock_();
+        qp.rtt_sent = stamp();
         qp.rtt_psn = qp.tx_psn;
       }
     } else {

@@ -347,6 +347,8 @@ void Context::kick() {
   }
 }
 
+void Context::note_app_poll() { app_polled_.store(now_ns(), std::memory_order_relaxed); }
+
 void Context::try_progress() {
   const uint64_t now = now_ns();
   // (A load and a store, not an exchange: several threads polling may

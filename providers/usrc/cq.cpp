@@ -146,6 +146,11 @@ int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
     // comes from polling here, not from waking the progress thread).
     cq->ctx->try_progress();
     n = drain(cq, ne, wc);
+  } else if (cq->chan_wfd < 0) {
+    // A CQ without a completion channel is only ever polled: this caller
+    // polls in a loop even if it never finds the CQ empty (the progress
+    // thread may have filled it each time), and receives itself from now.
+    cq->ctx->note_app_poll();
   }
   if (cq->ring.fired() && cq->ring.empty()) withdraw_event(cq);
   return n;
@@ -187,7 +192,10 @@ int start_poll(ibv_cq_ex *x, ibv_poll_cq_attr *attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq *cq = to_cq(x);
   cq->poll_mu.lock();
-  if (take(x)) return 0;
+  if (take(x)) {
+    if (cq->chan_wfd < 0) cq->ctx->note_app_poll();   // (as in poll_cq)
+    return 0;
+  }
   cq->ctx->try_progress();
   if (take(x)) return 0;
   cq->poll_mu.unlock();

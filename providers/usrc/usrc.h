@@ -115,6 +115,9 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   void kick();
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   void try_progress();
+  // The application polled a CQ and found completions: it polls, as far as
+  // the progress thread is concerned (see progress_loop).
+  void note_app_poll();
   void async_event(void *element, ibv_event_type type);
   // The port follows the netdev: ACTIVE while it is up and running.
   bool port_up() const { return port_up_.load(std::memory_order_relaxed); }

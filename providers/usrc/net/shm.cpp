@@ -38,7 +38,7 @@ uint64_t coarse_ns() {
 // and creating a ring touches none of them.
 struct ShmSlot {
   std::atomic<uint64_t> seq;
-  int32_t pid;        // the producer that claimed it
+  std::atomic<int32_t> pid;   // the producer that claimed it (0: not yet known)
   uint32_t len;
   uint32_t src_ip;
   uint16_t src_port;
@@ -79,24 +79,53 @@ std::string ShmNic::ring_name(Endpoint e) {
   return ring_prefix() + b;
 }
 
-ShmNic::Mapping ShmNic::map_ring(const std::string &name, std::string *err) {
+// Opens a ring file of ours: owned by this user, private to it (mode 0600:
+// /dev/shm is world-writable, and a file another user planted under our
+// name must not receive our traffic), of this version's size. -1 if not.
+static int open_ring(const std::string &name) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0 ||
+      size_t(st.st_size) != sizeof(ShmRing)) {
+    ::close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  return fd;
+}
+
+// The owner holds a write lock (an open file description lock, released
+// by the kernel when the owner exits however it exits) for as long as the
+// ring is in use: a ring without one is stale.
+static bool has_owner(int fd) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  return fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+static bool valid(const ShmRing &r) {
+  return __atomic_load_n(&r.magic, __ATOMIC_ACQUIRE) == kMagic && r.version == kVersion &&
+         r.nslots == ShmNic::kSlots && r.slot_size == sizeof(ShmSlot);
+}
+
+ShmNic::Mapping ShmNic::map_ring(const std::string &name, std::string *err) {
+  int fd = open_ring(name);
   if (fd < 0) {
     if (err) *err = strerror(errno);
     return {};
   }
-  struct stat st {};
-  void *p = MAP_FAILED;
-  if (fstat(fd, &st) == 0 && size_t(st.st_size) == sizeof(ShmRing))
-    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void *p = has_owner(fd) ? mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE,
+                                 MAP_SHARED | MAP_POPULATE, fd, 0)
+                          : MAP_FAILED;
   ::close(fd);
   if (p == MAP_FAILED) {
-    if (err) *err = "not a ring of this version";
+    if (err) *err = "no owner";
     return {};
   }
   auto *r = static_cast<ShmRing *>(p);
-  if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) != kMagic || r->version != kVersion ||
-      r->nslots != kSlots || r->slot_size != sizeof(ShmSlot)) {
+  if (!valid(*r) || !r->alive.load(std::memory_order_acquire)) {
     munmap(p, sizeof(ShmRing));
     if (err) *err = "not a ring of this version";
     return {};
@@ -109,6 +138,23 @@ void ShmNic::unmap(Mapping &m) {
   m = {};
 }
 
+// Retires a ring without an owner (its writers let go) and removes it, if
+// the name still refers to it. fd: the ring, open.
+static void retire_stale(const std::string &name, int fd) {
+  void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);   // the header
+  if (p == MAP_FAILED) return;
+  auto *r = static_cast<ShmRing *>(p);
+  struct stat a {}, b {};
+  // (A ring not yet valid may be a new one whose owner is setting it up:
+  // it takes its lock before it writes the magic.)
+  if (valid(*r) && !has_owner(fd) && fstat(fd, &a) == 0 &&
+      stat(("/dev/shm" + name).c_str(), &b) == 0 && a.st_ino == b.st_ino) {
+    r->alive.store(0, std::memory_order_release);
+    shm_unlink(name.c_str());
+  }
+  munmap(p, 4096);
+}
+
 // Rings whose owner died without removing them (killed, crashed) hold
 // their memory until someone does: removed when a context opens.
 static void sweep(const std::string &prefix) {
@@ -117,22 +163,10 @@ static void sweep(const std::string &prefix) {
   while (dirent *e = readdir(d)) {
     if (std::strncmp(e->d_name, prefix.c_str() + 1, prefix.size() - 1) != 0) continue;
     const std::string name = std::string("/") + e->d_name;
-    // The header only: its first page.
-    int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    int fd = open_ring(name);
     if (fd < 0) continue;
-    struct stat st {};
-    void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && size_t(st.st_size) == sizeof(ShmRing))
-      p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    retire_stale(name, fd);
     ::close(fd);
-    if (p == MAP_FAILED) continue;
-    auto *r = static_cast<ShmRing *>(p);
-    if (__atomic_load_n(&r->magic, __ATOMIC_ACQUIRE) == kMagic && r->alive.load(std::memory_order_acquire) &&
-        r->owner > 0 && kill(r->owner, 0) != 0 && errno == ESRCH) {
-      r->alive.store(0, std::memory_order_release);
-      shm_unlink(name.c_str());
-    }
-    munmap(p, 4096);
   }
   closedir(d);
 }
@@ -142,16 +176,28 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   const std::string name = ring_name(inner->local());
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {
-    // Left by an earlier owner of this endpoint, which exited without
-    // removing it: retire it (writers still mapping it let go), replace it.
-    Mapping old = map_ring(name, nullptr);
-    if (old.ring) old.ring->alive.store(0, std::memory_order_release);
-    unmap(old);
-    shm_unlink(name.c_str());
+    // Left by an earlier owner of this endpoint (we hold its UDP port now),
+    // which exited without removing it: retire it, replace it. A file we
+    // may not use (another user's) stays, and we go without a ring.
+    int old = open_ring(name);
+    if (old >= 0) {
+      retire_stale(name, old);
+      ::close(old);
+    }
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   }
   if (fd < 0) {
     *err = "shm_open " + name + ": " + strerror(errno);
+    return nullptr;
+  }
+  // Ours from now until we close: the lock says so to the others.
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+    *err = "lock " + name + ": " + strerror(errno);
+    ::close(fd);
+    shm_unlink(name.c_str());
     return nullptr;
   }
   // The pages are reserved now: a full /dev/shm fails here, cleanly, and
@@ -162,8 +208,8 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
     p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) e = errno;
   }
-  ::close(fd);
   if (p == MAP_FAILED) {
+    ::close(fd);
     shm_unlink(name.c_str());
     *err = "shared memory for " + name + ": " + strerror(e);
     return nullptr;
@@ -175,11 +221,11 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   r->owner = getpid();
   r->alive.store(1, std::memory_order_relaxed);
   __atomic_store_n(&r->magic, kMagic, __ATOMIC_RELEASE);
-  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), {r, sizeof(ShmRing)}, name));
+  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), {r, sizeof(ShmRing)}, fd, name));
 }
 
-ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name)
-    : inner_(std::move(inner)), own_(own), name_(std::move(name)), pid_(getpid()) {
+ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name)
+    : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
   udp_tx_.reserve(64);
 }
 
@@ -189,6 +235,7 @@ ShmNic::~ShmNic() {
   own_.ring->alive.store(0, std::memory_order_release);
   unmap(own_);
   shm_unlink(name_.c_str());
+  ::close(own_fd_);   // drops the lock
 }
 
 void ShmNic::add_peer(Endpoint e) {
@@ -201,8 +248,14 @@ void ShmNic::add_peer(Endpoint e) {
   }
   for (Peer &p : peers_) {
     if (!(p.ep == e)) continue;
-    if (p.m.ring && p.m.ring->alive.load(std::memory_order_acquire)) return;
-    unmap(p.m);   // none yet, or retired: look again
+    if (p.m.ring && p.m.ring->alive.load(std::memory_order_acquire)) {
+      // Still in use by a live owner? (One that died leaves alive set.)
+      int fd = open_ring(ring_name(e));
+      const bool owned = fd >= 0 && has_owner(fd);
+      if (fd >= 0) ::close(fd);
+      if (owned) return;
+    }
+    unmap(p.m);   // none yet, retired or stale: look again
     p.m = map_ring(ring_name(e), nullptr);
     return;
   }
@@ -238,12 +291,14 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
   uint64_t pos = r.tail.load(std::memory_order_relaxed), idx = 0;
   bool claimed = false;
   if (len <= kSlotData) {
-    for (;;) {
+    // (Bounded: a ring whose numbers make no sense drops rather than spins.)
+    for (int tries = 0; tries < 4096; tries++) {
       idx = pos & kMask;
       s = &r.slots[idx];
       const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
       if (d == 0) {
         if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          s->pid.store(pid_, std::memory_order_relaxed);
           claimed = true;
           break;
         }
@@ -266,7 +321,6 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
     if (off == iov->iov_len) iov++, off = 0;
   }
   if (!claimed) return false;
-  s->pid = pid_;
   s->len = static_cast<uint32_t>(len);
   s->src_ip = src.ip;
   s->src_port = src.port;
@@ -321,10 +375,19 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
   ShmRing &r = *own_.ring;
   uint64_t head = head_.load(std::memory_order_relaxed);
   // What the last call handed out is done with: free it, in order.
-  for (; released_ != head; released_++) set_seq(r.slots[released_ & kMask], released_ & kMask,
-                                                 released_ + kSlots);
+  for (; released_ != head; released_++) {
+    ShmSlot &s = r.slots[released_ & kMask];
+    s.pid.store(0, std::memory_order_relaxed);
+    set_seq(s, released_ & kMask, released_ + kSlots);
+  }
+  // The socket's turn: every call while it carries traffic (a peer off
+  // this host), else every 16th, with room kept for it in a full batch so
+  // that a busy ring does not starve it.
+  const bool woken = udp_now_.load(std::memory_order_relaxed);
+  const bool udp = woken || udp_hot_ || inner_->rx_pending() || ++udp_skip_ >= 16;
+  const size_t ring_max = udp && out.size() > 1 ? out.size() / 2 : out.size();
   size_t k = 0;
-  while (k < out.size()) {
+  while (k < ring_max) {
     const uint64_t idx = head & kMask;
     ShmSlot &s = r.slots[idx];
     if (seq_of(s, idx) != head + 1) {
@@ -336,8 +399,9 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       if (++stuck_polls_ < 1024) break;
       const uint64_t now = coarse_ns();
       if (!stuck_since_) stuck_since_ = now;
-      if (now - stuck_since_ < kStuckNs || s.pid <= 0 || kill(s.pid, 0) == 0 || errno != ESRCH)
-        break;
+      if (now - stuck_since_ < kStuckNs) break;
+      const int32_t pid = s.pid.load(std::memory_order_relaxed);
+      if (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)) break;   // alive: wait
       stuck_since_ = stuck_polls_ = 0;
       skipped_++;
       head++;
@@ -353,9 +417,7 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     out[k++] = {{s.src_ip, s.src_port}, s.data, len};
   }
   head_.store(head, std::memory_order_relaxed);
-  if (k == out.size()) return k;
-  const bool woken = udp_now_.load(std::memory_order_relaxed);
-  if (!woken && !udp_hot_ && !inner_->rx_pending() && ++udp_skip_ < 16) return k;
+  if (!udp || k == out.size()) return k;
   if (woken) udp_now_.store(false, std::memory_order_relaxed);
   udp_skip_ = 0;
   const size_t n = inner_->recv(out.subspan(k));
@@ -379,7 +441,11 @@ bool ShmNic::prepare_wait() {
   own_.ring->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint64_t head = head_.load(std::memory_order_relaxed);
-  if (seq_of(own_.ring->slots[head & kMask], head & kMask) != head + 1) return true;
+  // Sleep only on an empty ring: nothing claimed since the last datagram
+  // taken. A slot claimed and not yet published keeps us awake: its writer
+  // would ring once it publishes, but one that died never will, and only
+  // looking again finds its slot stuck (and skips it).
+  if (own_.ring->tail.load(std::memory_order_relaxed) == head) return true;
   own_.ring->sleeping.store(0, std::memory_order_relaxed);
   return false;
 }

@@ -67,13 +67,14 @@ class ShmNic final : public Nic {
     Mapping m;
     bool owned = true;   // false: our own ring (own_)
   };
-  ShmNic(std::unique_ptr<Nic> inner, Mapping own, std::string name);
+  ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name);
   ShmRing *peer_ring(Endpoint e);
   bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len);
   void doorbell(Endpoint dst);
 
   std::unique_ptr<Nic> inner_;
   Mapping own_;
+  int own_fd_;   // holds the owner's lock
   std::string name_;
   const int pid_;
   std::vector<Peer> peers_;

@@ -118,9 +118,10 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     if (qp.rtt_on && psn_lt(qp.rtt_psn, new_una)) {
       // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
       // (Times read once per pass, by two threads: this pass may have
-      // started before the one that sent.)
-      const uint64_t t = stamp(), r = t > qp.rtt_sent ? t - qp.rtt_sent : 1;
-      if (!qp.srtt) {
+      // started before the one that sent. No sample then.)
+      const uint64_t t = stamp(), r = t - qp.rtt_sent;
+      if (t <= qp.rtt_sent) {
+      } else if (!qp.srtt) {
         qp.srtt = r;
         qp.rttvar = r / 2;
       } else {

@@ -1,0 +1,87 @@
+#!/bin/bash
+# Peers on the same host through the shared-memory ring: a stock
+# ibv_rc_pingpong between two processes on lo moves its packets through
+# /dev/shm, not the socket (a capture on lo sees none of them, doorbells
+# at most), each context has a ring while it is open and none after it
+# exits; with USRC_SHM=0 the same run is all on lo. A context killed with
+# SIGKILL leaves its ring behind, and the next context to open removes it.
+# Usage: shm_test.sh USRC_CLI PROVIDER_SO
+USRC=$1 USRC_PROVIDER=$2
+. "$(dirname "$0")/lib.sh"
+[ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, capture)"; exit 77; }
+for t in tshark ibv_rc_pingpong ibv_devinfo; do
+  command -v $t >/dev/null || { echo "$t not installed"; exit 77; }
+done
+new_root
+CAP=$(mktemp /tmp/usrc-shm.XXXXXX)
+BASE=47000
+trap 'kill $tpid $spid 2>/dev/null; "$USRC" link del sh0 >/dev/null 2>&1; rm -rf "$USRC_ROOT" "$CAP" "$CAP.log"' EXIT
+tpid= spid=
+"$USRC" link add sh0 netdev lo port $BASE || fail "link add"
+
+# The rings of this device's contexts: /dev/shm/usrc.UID.NETNS.7f000001.PORT
+rings() {
+  ls /dev/shm | awk -F. -v uid="$(id -u)" -v lo=$((BASE + 1)) -v hi=$((BASE + 4095)) \
+    '$1 == "usrc" && $2 == uid && $4 == "7f000001" && $5 >= lo && $5 <= hi' | wc -l
+}
+[ "$(rings)" = 0 ] || fail "rings before any context: $(ls /dev/shm)"
+
+capture_start() {
+  rm -f "$CAP" "$CAP.log"
+  timeout 60 tshark -q -i lo -f "udp and dst portrange $((BASE + 1))-$((BASE + 4095))" -w "$CAP" >"$CAP.log" 2>&1 &
+  tpid=$!
+  for _ in $(seq 100); do grep -qs "Capturing on" "$CAP.log" && break; sleep 0.1; done
+  grep -qs "Capturing on" "$CAP.log" || fail "tshark did not start capturing"
+  sleep 0.3
+}
+capture_stop() {   # sets IBA (packets captured, doorbells aside) and DOORBELLS (4 bytes)
+  sleep 0.5
+  kill -INT $tpid; wait $tpid; tpid=
+  DOORBELLS=$(tshark -r "$CAP" -Y "udp.length == 12" 2>/dev/null | wc -l)
+  IBA=$(tshark -r "$CAP" -Y "udp.length > 12" 2>/dev/null | wc -l)
+}
+pingpong() {   # pingpong ITERS [env...]: both ends on sh0, checks the rings meanwhile
+  local n=$1; shift
+  local port; port=$(pick_port)
+  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 -p $port >"$CAP.srv" 2>&1 &
+  spid=$!
+  wait_listen "" $port || { cat "$CAP.srv"; fail "server did not listen"; }
+  RINGS_DURING=$(rings)
+  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 -p $port 127.0.0.1 >"$CAP.cli" 2>&1 ||
+    { cat "$CAP.srv" "$CAP.cli"; fail "pingpong ($*)"; }
+  wait $spid || { cat "$CAP.srv"; fail "pingpong server ($*)"; }
+  spid=
+  note "$(grep -h 'bytes in' "$CAP.cli")"
+}
+
+N=2000
+capture_start
+pingpong $N
+capture_stop; on_lo=$IBA
+note "shared memory: $on_lo IBA packets on lo for $N round trips ($DOORBELLS doorbells); rings while the server waited: $RINGS_DURING"
+[ "$RINGS_DURING" = 1 ] || fail "the waiting server should have one ring, saw $RINGS_DURING"
+[ "$(rings)" = 0 ] || fail "rings left after both ends exited: $(ls /dev/shm)"
+[ "$on_lo" = 0 ] || fail "$on_lo IBA packets on lo: the ring was not used for all"
+
+capture_start
+pingpong $N USRC_SHM=0
+capture_stop; on_lo=$IBA
+note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DURING"
+[ "$RINGS_DURING" = 0 ] || fail "USRC_SHM=0 should create no ring"
+[ "$on_lo" -ge $((2 * N)) ] || fail "USRC_SHM=0: only $on_lo packets on lo for $N round trips"
+
+# A context killed outright leaves its ring; the next one to open removes it.
+port=$(pick_port)
+timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -p $port >/dev/null 2>&1 &
+spid=$!
+wait_listen "" $port || fail "server did not listen"
+[ "$(rings)" = 1 ] || fail "no ring for the waiting server"
+victim=$(pgrep -P $spid)   # timeout's child: `usrc exec` became ibv_rc_pingpong
+[ -n "$victim" ] || fail "no server process under timeout"
+kill -KILL $victim
+wait $spid 2>/dev/null; spid=
+[ "$(rings)" = 1 ] || fail "a killed context's ring should be left behind"
+"$USRC" exec -- ibv_devinfo -d sh0 >/dev/null || fail "ibv_devinfo"
+[ "$(rings)" = 0 ] || fail "the dead context's ring was not removed by the next open"
+note "a killed context's ring was removed by the next context"
+echo "PASS"

@@ -70,3 +70,21 @@ veth_pair() {
   done
   fail "veth carrier did not come up"
 }
+
+# capture_start FILTER: tshark captures lo into $CAP (pid in $tpid) from
+# when this returns. capture_end: stops it, the capture complete in $CAP.
+tpid=
+capture_start() {
+  # The log of the previous capture goes first: its "Capturing on" line
+  # would otherwise pass the wait below before this capture has started.
+  rm -f "$CAP" "$CAP.log"
+  timeout 60 tshark -q -i lo -f "$1" -w "$CAP" >"$CAP.log" 2>&1 &
+  tpid=$!
+  for _ in $(seq 100); do grep -qs "Capturing on" "$CAP.log" && break; sleep 0.1; done
+  grep -qs "Capturing on" "$CAP.log" || fail "tshark did not start capturing"
+  sleep 0.3
+}
+capture_end() {
+  sleep 0.5
+  kill -INT $tpid; wait $tpid; tpid=
+}

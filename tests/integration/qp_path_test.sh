@@ -16,19 +16,11 @@ trap 'kill $tpid 2>/dev/null; "$USRC" link del ph_ib >/dev/null 2>&1; "$USRC" li
 
 check() {   # check DEV PORT: run the path traffic on DEV under a capture
   local dev=$1 port=$2
-  # The log of the previous capture goes first: its "Capturing on" line
-  # would otherwise pass the wait below before this capture has started.
-  rm -f "$CAP" "$CAP.log"
-  timeout 60 tshark -q -i lo -f "udp and dst portrange $((port + 1))-$((port + 4095))" -w "$CAP" >"$CAP.log" 2>&1 &
-  tpid=$!
-  for i in $(seq 100); do grep -qs "Capturing on" "$CAP.log" && break; sleep 0.1; done
-  grep -qs "Capturing on" "$CAP.log" || fail "$dev: tshark did not start capturing"
-  sleep 0.3
+  capture_start "udp and dst portrange $((port + 1))-$((port + 4095))"
   # A capture on lo shows a UDP GSO send as one large packet (a NIC or the
   # receiving socket splits it), so the datagrams are checked without GSO.
   USRC_SHM=0 USRC_GSO=1 USRC_TEST_DEV=$dev timeout 60 "$USRC" exec -- "$PROG" "[.path]" || fail "$dev: path traffic"
-  sleep 0.5
-  kill -INT $tpid; wait $tpid
+  capture_end
   rows=$(tshark -r "$CAP" -T fields -e ip.dsfield -e ip.ttl -e udp.srcport 2>/dev/null | sort | uniq -c)
   echo "$rows"
   # Requests with the GRH: TOS 0x68, TTL 7, source port 0xE345 (58181).

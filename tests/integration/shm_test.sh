@@ -26,17 +26,9 @@ rings() {
 }
 [ "$(rings)" = 0 ] || fail "rings before any context: $(ls /dev/shm)"
 
-capture_start() {
-  rm -f "$CAP" "$CAP.log"
-  timeout 60 tshark -q -i lo -f "udp and dst portrange $((BASE + 1))-$((BASE + 4095))" -w "$CAP" >"$CAP.log" 2>&1 &
-  tpid=$!
-  for _ in $(seq 100); do grep -qs "Capturing on" "$CAP.log" && break; sleep 0.1; done
-  grep -qs "Capturing on" "$CAP.log" || fail "tshark did not start capturing"
-  sleep 0.3
-}
+FILTER="udp and dst portrange $((BASE + 1))-$((BASE + 4095))"
 capture_stop() {   # sets IBA (packets captured, doorbells aside) and DOORBELLS (4 bytes)
-  sleep 0.5
-  kill -INT $tpid; wait $tpid; tpid=
+  capture_end
   DOORBELLS=$(tshark -r "$CAP" -Y "udp.length == 12" 2>/dev/null | wc -l)
   IBA=$(tshark -r "$CAP" -Y "udp.length > 12" 2>/dev/null | wc -l)
 }
@@ -55,7 +47,7 @@ pingpong() {   # pingpong ITERS [env...]: both ends on sh0, checks the rings mea
 }
 
 N=2000
-capture_start
+capture_start "$FILTER"
 pingpong $N
 capture_stop; on_lo=$IBA
 note "shared memory: $on_lo IBA packets on lo for $N round trips ($DOORBELLS doorbells); rings while the server waited: $RINGS_DURING"
@@ -63,7 +55,7 @@ note "shared memory: $on_lo IBA packets on lo for $N round trips ($DOORBELLS doo
 [ "$(rings)" = 0 ] || fail "rings left after both ends exited: $(ls /dev/shm)"
 [ "$on_lo" = 0 ] || fail "$on_lo IBA packets on lo: the ring was not used for all"
 
-capture_start
+capture_start "$FILTER"
 pingpong $N USRC_SHM=0
 capture_stop; on_lo=$IBA
 note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DURING"

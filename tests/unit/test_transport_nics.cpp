@@ -251,13 +251,24 @@ TEST_CASE("shm: a segmented send arrives as its datagrams, from the sender's end
   CHECK_FALSE(b->rx_pending());
 }
 
-TEST_CASE("shm: a full ring drops what does not fit, and takes more once read", "[nic]") {
-  constexpr uint16_t kBase = 26210;
-  auto a = shm_nic({0x7f000001, kBase}), b = shm_nic({0x7f000001, kBase + 1});
-  a->add_peer(b->local());
+// Two rings on loopback, a to b, and a 4-byte datagram `v` to send.
+struct ShmPair {
+  std::unique_ptr<net::Nic> a, b;
   uint32_t v = 0;
   iovec iov{&v, sizeof v};
-  net::TxPacket p{b->local(), &iov, 1};
+  net::TxPacket p;
+  explicit ShmPair(uint16_t base)
+      : a(shm_nic({0x7f000001, base})), b(shm_nic({0x7f000001, uint16_t(base + 1)})),
+        p{b->local(), &iov, 1} {
+    a->add_peer(b->local());
+  }
+};
+
+TEST_CASE("shm: a full ring drops what does not fit, and takes more once read", "[nic]") {
+  ShmPair s(26210);
+  auto &a = s.a, &b = s.b;
+  auto &v = s.v;
+  auto &p = s.p;
   size_t sent = 0;
   for (v = 0; v < net::ShmNic::kSlots + 10; v++) sent += a->send({&p, 1});
   CHECK(sent == net::ShmNic::kSlots);
@@ -276,12 +287,9 @@ TEST_CASE("shm: a full ring drops what does not fit, and takes more once read", 
 }
 
 TEST_CASE("shm: a sleeping receiver is woken by a doorbell on its socket, which it drops", "[nic]") {
-  constexpr uint16_t kBase = 26220;
-  auto a = shm_nic({0x7f000001, kBase}), b = shm_nic({0x7f000001, kBase + 1});
-  a->add_peer(b->local());
-  uint32_t v = 42;
-  iovec iov{&v, sizeof v};
-  net::TxPacket p{b->local(), &iov, 1};
+  ShmPair s(26220);
+  auto &a = s.a, &b = s.b;
+  auto &p = s.p;
   // Data waiting: no sleep.
   REQUIRE(a->send({&p, 1}) == 1);
   CHECK_FALSE(b->prepare_wait());

@@ -105,6 +105,10 @@ for t in ib_send_bw ib_write_bw ib_read_bw; do
   done
 done
 port=$((port + 1)); set -- $(perftest ib_atomic_bw 8 20000); R[ib_atomic_bw/mpps]=$2
+# The socket path (USRC_SHM=0: what peers on other hosts get), at two
+# points, for reference.
+port=$((port + 1)); set -- $(TAG=-sock XENV=USRC_SHM=0 perftest ib_send_lat 2 20000); R[sock/lat/2]=$1
+port=$((port + 1)); set -- $(TAG=-sock XENV=USRC_SHM=0 perftest ib_write_bw 65536 $(iters 65536 $BW_B 20 $BW_MAX)); R[sock/write_bw]=$1
 n=$(iters 65536 $BW_B 20 $BW_MAX)
 R[cpu/usrc/srv]=$(cpu "$LOG/ib_send_bw-65536.srv.cpu") R[cpu/usrc/cli]=$(cpu "$LOG/ib_send_bw-65536.cli.cpu")
 R[gb/usrc]=$(awk -v n=$n 'BEGIN { print n * 65536 / 1e9 }')
@@ -293,6 +297,8 @@ row "CPU s/GB, 64 KB send: sender vs UDP GSO sender" \
     "$(awk -v c=${R[cpu/usrc/cli]:-0} -v g=${R[gb/usrc]} 'BEGIN { printf "%.3f", c / g }')" \
     "$(awk -v c=${R[cpu/gso/cli]:-0} -v g=${R[gb/gso]} 'BEGIN { printf "%.3f", g ? c / g : 0 }')" info
 row "ib_atomic_bw message rate (Mpps)" "${R[ib_atomic_bw/mpps]}" NaN info
+row "  through the socket: ib_send_lat 2 B vs UDP floor (us)" "${R[sock/lat/2]}" "${R[floor/2]}" info
+row "  through the socket: ib_write_bw 64 KB vs blast (Gbit/s)" "$(mibs ${R[sock/write_bw]})" "$(best ${R[udp/$S]} ${R[gso/$S]})" info
 row "RSS of 1 QP, depth 128 (bytes)" "${R[mem/1]}" NaN info
 row "RSS per QP, depth 128, 1024 QPs (bytes)" "${R[mem/1024]}" NaN info
 echo "1% loss (median of 3 runs each, all in $LOG/loss-runs): nftables dropped ${R[loss/drops]} datagrams (GSO off), ${R[loss/gso/drops]} GSO sends (GSO on); 1024 QPs added ${R[mem/1024/kb]} KB RSS"

@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <cerrno>
+#include <mutex>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -140,20 +143,56 @@ void ShmNic::unmap(Mapping &m) {
 
 // Retires a ring without an owner (its writers let go) and removes it, if
 // the name still refers to it. fd: the ring, open.
-static void retire_stale(const std::string &name, int fd) {
+// force: the caller holds the ring's endpoint (its UDP port), so whoever
+// else holds the lock is not a context of that endpoint.
+static void retire_stale(const std::string &name, int fd, bool force = false) {
   void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);   // the header
   if (p == MAP_FAILED) return;
   auto *r = static_cast<ShmRing *>(p);
   struct stat a {}, b {};
   // (A ring not yet valid may be a new one whose owner is setting it up:
   // it takes its lock before it writes the magic.)
-  if (valid(*r) && !has_owner(fd) && fstat(fd, &a) == 0 &&
+  if ((force || (valid(*r) && !has_owner(fd))) && fstat(fd, &a) == 0 &&
       stat(("/dev/shm" + name).c_str(), &b) == 0 && a.st_ino == b.st_ino) {
     r->alive.store(0, std::memory_order_release);
     shm_unlink(name.c_str());
   }
   munmap(p, 4096);
 }
+
+// The owners' lock fds of this process. A child of fork() shares them (the
+// lock belongs to the open file description, which fork shares): it closes
+// its copies at once, or a ring would look owned for as long as the child
+// lives after its owner has died. Lock-free: the child handler may run
+// while another thread of the parent was in the middle of an update.
+namespace {
+constexpr int kMaxOwned = 64;
+std::atomic<int> owned_fds[kMaxOwned];
+std::once_flag atfork_once;
+void close_owned_in_child() {
+  for (auto &f : owned_fds) {
+    const int fd = f.exchange(-1, std::memory_order_relaxed);
+    if (fd >= 0) ::close(fd);
+  }
+}
+void track_owned(int fd) {
+  std::call_once(atfork_once, [] {
+    for (auto &f : owned_fds) f.store(-1, std::memory_order_relaxed);
+    pthread_atfork(nullptr, nullptr, close_owned_in_child);
+  });
+  for (auto &f : owned_fds) {
+    int none = -1;
+    if (f.compare_exchange_strong(none, fd, std::memory_order_relaxed)) return;
+  }
+  // (More than kMaxOwned contexts: this one's children keep its lock.)
+}
+void untrack_owned(int fd) {
+  for (auto &f : owned_fds) {
+    int mine = fd;
+    if (f.compare_exchange_strong(mine, -1, std::memory_order_relaxed)) return;
+  }
+}
+}  // namespace
 
 // Rings whose owner died without removing them (killed, crashed) hold
 // their memory until someone does: removed when a context opens.
@@ -181,7 +220,7 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
     // may not use (another user's) stays, and we go without a ring.
     int old = open_ring(name);
     if (old >= 0) {
-      retire_stale(name, old);
+      retire_stale(name, old, true);
       ::close(old);
     }
     fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -205,8 +244,14 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   void *p = MAP_FAILED;
   int e = ftruncate(fd, sizeof(ShmRing)) == 0 ? posix_fallocate(fd, 0, sizeof(ShmRing)) : errno;
   if (e == 0) {
-    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Mapped through an open file of its own: a mapping holds its file
+    // open, and one of the locked file would keep the lock alive in every
+    // child that inherits the mapping.
+    const int mfd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    p = mfd < 0 ? MAP_FAILED
+                : mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
     if (p == MAP_FAILED) e = errno;
+    if (mfd >= 0) ::close(mfd);
   }
   if (p == MAP_FAILED) {
     ::close(fd);
@@ -226,6 +271,7 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
 
 ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name)
     : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
+  track_owned(own_fd_);
   udp_tx_.reserve(64);
 }
 
@@ -235,6 +281,7 @@ ShmNic::~ShmNic() {
   own_.ring->alive.store(0, std::memory_order_release);
   unmap(own_);
   shm_unlink(name_.c_str());
+  untrack_owned(own_fd_);
   ::close(own_fd_);   // drops the lock
 }
 

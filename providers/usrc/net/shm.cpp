@@ -452,13 +452,15 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       stuck_since_ = stuck_polls_ = 0;
       skipped_++;
       head++;
+      out[k++] = {{0, 0}, s.data, 0};   // an empty datagram: dropped and counted as malformed
       continue;
     }
     stuck_since_ = stuck_polls_ = 0;
     const uint32_t len = s.len;
     head++;
-    if (len > kSlotData) {   // not from one of us: dropped (freed in order)
+    if (len > kSlotData) {   // not from one of us: handed out empty (malformed_drops)
       skipped_++;
+      out[k++] = {{s.src_ip, s.src_port}, s.data, 0};
       continue;
     }
     out[k++] = {{s.src_ip, s.src_port}, s.data, len};

@@ -49,8 +49,9 @@ class ShmNic final : public Nic {
   // The ring's name for an endpoint in this user's and namespace's space.
   static std::string ring_name(Endpoint e);
   static constexpr uint32_t kSlots = 2048, kSlotData = 4096 + 256;
-  // Datagrams dropped because a stuck slot was skipped (its producer died
-  // between claiming and publishing it).
+  // Slots skipped: claimed by a writer that died before publishing, or
+  // with a length no writer of ours gives. Each is handed out as an empty
+  // datagram, which the transport drops and counts (malformed_drops).
   uint64_t skipped() const { return skipped_; }
 
   struct Mapping {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -364,4 +365,73 @@ TEST_CASE("shm: the ring of a process that died is removed by the next context",
   REQUIRE(shm_exists(dead));
   auto a = shm_nic({0x7f000001, kBase + 1});
   CHECK_FALSE(shm_exists(dead));
+}
+
+TEST_CASE("shm: writers in several processes at once: every datagram arrives once, intact, in each writer's order", "[nic]") {
+  constexpr uint16_t kBase = 26250;
+  constexpr int kWriters = 3;
+  constexpr uint32_t kEach = 20000;
+  auto rx = shm_nic({0x7f000001, kBase});
+  std::vector<pid_t> pids;
+  for (int w = 0; w < kWriters; w++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string err;
+      int en = 0;
+      std::unique_ptr<net::Nic> u =
+          net::UdpNic::open({0x7f000001, uint16_t(kBase + 1 + w)}, 1 << 20, 32, 64, &en, &err);
+      auto tx = u ? net::ShmNic::wrap(u, &err) : nullptr;
+      if (!tx) _exit(1);
+      tx->add_peer(rx->local());
+      // Datagram i of writer w: its header, then a pattern of a size that
+      // varies with i (8 to 1007 bytes).
+      std::vector<uint8_t> b(1024);
+      for (uint32_t i = 0; i < kEach; i++) {
+        const uint32_t len = 8 + i % 1000;
+        std::memcpy(b.data(), &w, 4);
+        std::memcpy(b.data() + 4, &i, 4);
+        for (uint32_t k = 8; k < len; k++) b[k] = uint8_t(w * 31 + i + k);
+        iovec iov{b.data(), len};
+        net::TxPacket p{rx->local(), &iov, 1};
+        for (uint64_t end = wall_ns() + 10'000'000'000ull; tx->send({&p, 1}) != 1;) {
+          if (wall_ns() > end) _exit(2);   // the ring never had room
+          sched_yield();
+        }
+      }
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<uint32_t> next(kWriters, 0);
+  uint64_t bad = 0, got = 0;
+  net::RxPacket out[32];
+  for (uint64_t end = wall_ns() + 30'000'000'000ull; got < kWriters * kEach && wall_ns() < end;) {
+    size_t n = rx->recv({out, 32});
+    for (size_t j = 0; j < n; j++) {
+      int w;
+      uint32_t i;
+      if (out[j].len < 8) {
+        bad++;
+        continue;
+      }
+      std::memcpy(&w, out[j].data, 4);
+      std::memcpy(&i, out[j].data + 4, 4);
+      bool ok = w >= 0 && w < kWriters && i == next[w] && out[j].len == 8 + i % 1000 &&
+                out[j].src == net::Endpoint{0x7f000001, uint16_t(kBase + 1 + w)};
+      for (uint32_t k = 8; ok && k < out[j].len; k++) ok = out[j].data[k] == uint8_t(w * 31 + i + k);
+      if (ok) next[w]++;
+      else bad++;
+      got++;
+    }
+    if (n == 0) sched_yield();
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  CHECK(bad == 0);
+  CHECK(got == uint64_t(kWriters) * kEach);
+  for (int w = 0; w < kWriters; w++) CHECK(next[w] == kEach);
 }

@@ -2,19 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <pthread.h>
-
 #include <cerrno>
-#include <mutex>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 
 namespace usrc::net {
 
@@ -52,7 +51,6 @@ struct ShmSlot {
 struct ShmRing {
   uint64_t magic;     // written last, when the ring is ready
   uint32_t version, nslots, slot_size;
-  int32_t owner;
   std::atomic<uint32_t> alive;                  // 0: retired, writers let go
   alignas(64) std::atomic<uint64_t> tail;       // the next position to claim
   alignas(64) std::atomic<uint32_t> sleeping;   // the owner waits on its socket
@@ -113,32 +111,27 @@ static bool valid(const ShmRing &r) {
          r.nslots == ShmNic::kSlots && r.slot_size == sizeof(ShmSlot);
 }
 
-ShmNic::Mapping ShmNic::map_ring(const std::string &name, std::string *err) {
+// Maps an existing ring of this version in use by a live owner; nullptr
+// if there is none.
+static ShmRing *map_ring(const std::string &name) {
   int fd = open_ring(name);
-  if (fd < 0) {
-    if (err) *err = strerror(errno);
-    return {};
-  }
+  if (fd < 0) return nullptr;
   void *p = has_owner(fd) ? mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE,
                                  MAP_SHARED | MAP_POPULATE, fd, 0)
                           : MAP_FAILED;
   ::close(fd);
-  if (p == MAP_FAILED) {
-    if (err) *err = "no owner";
-    return {};
-  }
+  if (p == MAP_FAILED) return nullptr;
   auto *r = static_cast<ShmRing *>(p);
   if (!valid(*r) || !r->alive.load(std::memory_order_acquire)) {
     munmap(p, sizeof(ShmRing));
-    if (err) *err = "not a ring of this version";
-    return {};
+    return nullptr;
   }
-  return {r, sizeof(ShmRing)};
+  return r;
 }
 
-void ShmNic::unmap(Mapping &m) {
-  if (m.ring) munmap(m.ring, m.bytes);
-  m = {};
+static void unmap(ShmRing *&r) {
+  if (r) munmap(r, sizeof(ShmRing));
+  r = nullptr;
 }
 
 // Retires a ring without an owner (its writers let go) and removes it, if
@@ -263,13 +256,12 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   r->version = kVersion;
   r->nslots = kSlots;
   r->slot_size = sizeof(ShmSlot);
-  r->owner = getpid();
   r->alive.store(1, std::memory_order_relaxed);
   __atomic_store_n(&r->magic, kMagic, __ATOMIC_RELEASE);
-  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), {r, sizeof(ShmRing)}, fd, name));
+  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), r, fd, name));
 }
 
-ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name)
+ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name)
     : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
   track_owned(own_fd_);
   udp_tx_.reserve(64);
@@ -277,58 +269,50 @@ ShmNic::ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name
 
 ShmNic::~ShmNic() {
   for (Peer &p : peers_)
-    if (p.owned) unmap(p.m);
-  own_.ring->alive.store(0, std::memory_order_release);
+    if (p.owned) unmap(p.ring);
+  own_->alive.store(0, std::memory_order_release);
   unmap(own_);
   shm_unlink(name_.c_str());
   untrack_owned(own_fd_);
   ::close(own_fd_);   // drops the lock
 }
 
+ShmNic::Peer *ShmNic::find_peer(Endpoint e) {
+  if (last_peer_ < peers_.size() && peers_[last_peer_].ep == e) return &peers_[last_peer_];
+  for (size_t i = 0; i < peers_.size(); i++)
+    if (peers_[i].ep == e) return &peers_[last_peer_ = i];
+  return nullptr;
+}
+
 void ShmNic::add_peer(Endpoint e) {
   inner_->add_peer(e);
+  Peer *p = find_peer(e);
+  if (!p) p = &peers_.emplace_back(Peer{e});
   if (e == inner_->local()) {   // to ourselves: our own ring, not mapped twice
-    for (Peer &p : peers_)
-      if (p.ep == e) return;
-    peers_.push_back({e, own_, false});
+    *p = {e, own_, false};
     return;
   }
-  for (Peer &p : peers_) {
-    if (!(p.ep == e)) continue;
-    if (p.m.ring && p.m.ring->alive.load(std::memory_order_acquire)) {
-      // Still in use by a live owner? (One that died leaves alive set.)
-      int fd = open_ring(ring_name(e));
-      const bool owned = fd >= 0 && has_owner(fd);
-      if (fd >= 0) ::close(fd);
-      if (owned) return;
-    }
-    unmap(p.m);   // none yet, retired or stale: look again
-    p.m = map_ring(ring_name(e), nullptr);
-    return;
+  if (p->ring && p->ring->alive.load(std::memory_order_acquire)) {
+    // Still in use by a live owner? (One that died leaves alive set.)
+    int fd = open_ring(ring_name(e));
+    const bool owned = fd >= 0 && has_owner(fd);
+    if (fd >= 0) ::close(fd);
+    if (owned) return;
   }
-  peers_.push_back({e, map_ring(ring_name(e), nullptr), true});
+  unmap(p->ring);   // none yet, retired or stale: look again
+  p->ring = map_ring(ring_name(e));
 }
 
 ShmRing *ShmNic::peer_ring(Endpoint e) {
-  Peer *p = nullptr;
-  if (last_peer_ < peers_.size() && peers_[last_peer_].ep == e) {
-    p = &peers_[last_peer_];
-  } else {
-    for (size_t i = 0; i < peers_.size(); i++)
-      if (peers_[i].ep == e) {
-        p = &peers_[i];
-        last_peer_ = i;
-        break;
-      }
-  }
-  if (!p || !p->m.ring) return nullptr;
-  if (p->owned && !p->m.ring->alive.load(std::memory_order_relaxed)) {
+  Peer *p = find_peer(e);
+  if (!p || !p->ring) return nullptr;
+  if (p->owned && !p->ring->alive.load(std::memory_order_relaxed)) {
     // The peer closed (or a new owner of its endpoint retired the ring):
     // from now on the socket, until the next add_peer() finds a new ring.
-    unmap(p->m);
+    unmap(p->ring);
     return nullptr;
   }
-  return p->m.ring;
+  return p->ring;
 }
 
 // Copies the next len bytes at the iovec cursor into a claimed slot; the
@@ -375,7 +359,15 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
   return true;
 }
 
-void ShmNic::doorbell(Endpoint dst) {
+// After a run of datagrams published to r: a consumer about to sleep
+// raised `sleeping` before looking at its ring a last time, and we look at
+// the flag after publishing; one of the two sees the other (both sides
+// fence). The flag stays up until the consumer wakes: a doorbell lost (a
+// full socket buffer) is rung again by the next send, a retransmission at
+// the latest.
+void ShmNic::ring_if_asleep(ShmRing &r, Endpoint dst) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!r.sleeping.load(std::memory_order_relaxed)) return;
   iovec iov{const_cast<uint8_t *>(kDoorbell), sizeof kDoorbell};
   TxPacket t{dst, &iov, 1};
   inner_->send({&t, 1});
@@ -383,11 +375,15 @@ void ShmNic::doorbell(Endpoint dst) {
 
 size_t ShmNic::send(std::span<const TxPacket> pkts) {
   size_t sent = 0;
-  Endpoint rung{};   // one doorbell per peer and call (a batch goes to one peer, mostly)
   udp_tx_.clear();
   const Endpoint me = inner_->local();
+  ShmRing *run = nullptr;   // the ring the last datagrams went to
+  Endpoint run_dst{};
   for (const TxPacket &p : pkts) {
     ShmRing *r = peer_ring(p.dst);
+    if (r != run && run) ring_if_asleep(*run, run_dst);
+    run = r;
+    run_dst = p.dst;
     if (!r) {
       udp_tx_.push_back(p);
       continue;
@@ -403,23 +399,14 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
       sent += push(*r, src, iov, off, len);
       left -= len;
     }
-    // A consumer about to sleep raised `sleeping` before looking at the
-    // ring a last time; we published before looking at the flag. One of
-    // the two sees the other (both sides fence). The flag stays up until
-    // the consumer wakes: a doorbell lost (a full socket buffer) is rung
-    // again by the next send, a retransmission at the latest.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (r->sleeping.load(std::memory_order_relaxed) && !(rung == p.dst)) {
-      doorbell(p.dst);
-      rung = p.dst;
-    }
   }
+  if (run) ring_if_asleep(*run, run_dst);
   if (!udp_tx_.empty()) sent += inner_->send(udp_tx_);
   return sent;
 }
 
 size_t ShmNic::recv(std::span<RxPacket> out) {
-  ShmRing &r = *own_.ring;
+  ShmRing &r = *own_;
   uint64_t head = head_.load(std::memory_order_relaxed);
   // What the last call handed out is done with: free it, in order.
   for (; released_ != head; released_++) {
@@ -450,7 +437,6 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       const int32_t pid = s.pid.load(std::memory_order_relaxed);
       if (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)) break;   // alive: wait
       stuck_since_ = stuck_polls_ = 0;
-      skipped_++;
       head++;
       out[k++] = {{0, 0}, s.data, 0};   // an empty datagram: dropped and counted as malformed
       continue;
@@ -459,7 +445,6 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     const uint32_t len = s.len;
     head++;
     if (len > kSlotData) {   // not from one of us: handed out empty (malformed_drops)
-      skipped_++;
       out[k++] = {{s.src_ip, s.src_port}, s.data, 0};
       continue;
     }
@@ -483,24 +468,24 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
 
 bool ShmNic::rx_pending() const {
   const uint64_t head = head_.load(std::memory_order_relaxed);
-  return seq_of(own_.ring->slots[head & kMask], head & kMask) == head + 1 || inner_->rx_pending();
+  return seq_of(own_->slots[head & kMask], head & kMask) == head + 1 || inner_->rx_pending();
 }
 
 bool ShmNic::prepare_wait() {
-  own_.ring->sleeping.store(1, std::memory_order_relaxed);
+  own_->sleeping.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   const uint64_t head = head_.load(std::memory_order_relaxed);
   // Sleep only on an empty ring: nothing claimed since the last datagram
   // taken. A slot claimed and not yet published keeps us awake: its writer
   // would ring once it publishes, but one that died never will, and only
   // looking again finds its slot stuck (and skips it).
-  if (own_.ring->tail.load(std::memory_order_relaxed) == head) return true;
-  own_.ring->sleeping.store(0, std::memory_order_relaxed);
+  if (own_->tail.load(std::memory_order_relaxed) == head) return true;
+  own_->sleeping.store(0, std::memory_order_relaxed);
   return false;
 }
 
 void ShmNic::end_wait() {
-  own_.ring->sleeping.store(0, std::memory_order_relaxed);
+  own_->sleeping.store(0, std::memory_order_relaxed);
   udp_now_.store(true, std::memory_order_relaxed);   // the wake may have been the socket's
 }
 

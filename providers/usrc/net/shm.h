@@ -49,32 +49,21 @@ class ShmNic final : public Nic {
   // The ring's name for an endpoint in this user's and namespace's space.
   static std::string ring_name(Endpoint e);
   static constexpr uint32_t kSlots = 2048, kSlotData = 4096 + 256;
-  // Slots skipped: claimed by a writer that died before publishing, or
-  // with a length no writer of ours gives. Each is handed out as an empty
-  // datagram, which the transport drops and counts (malformed_drops).
-  uint64_t skipped() const { return skipped_; }
-
-  struct Mapping {
-    ShmRing *ring = nullptr;
-    size_t bytes = 0;
-  };
-  // Maps an existing ring of this version (empty Mapping if none).
-  static Mapping map_ring(const std::string &name, std::string *err);
-  static void unmap(Mapping &m);
 
  private:
   struct Peer {
     Endpoint ep;
-    Mapping m;
-    bool owned = true;   // false: our own ring (own_)
+    ShmRing *ring = nullptr;   // mapped, or none (the socket)
+    bool owned = true;         // false: our own ring (own_), not unmapped here
   };
-  ShmNic(std::unique_ptr<Nic> inner, Mapping own, int fd, std::string name);
+  ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
+  Peer *find_peer(Endpoint e);
   ShmRing *peer_ring(Endpoint e);
   bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len);
-  void doorbell(Endpoint dst);
+  void ring_if_asleep(ShmRing &r, Endpoint dst);
 
   std::unique_ptr<Nic> inner_;
-  Mapping own_;
+  ShmRing *own_;
   int own_fd_;   // holds the owner's lock
   std::string name_;
   const int pid_;
@@ -85,7 +74,6 @@ class ShmNic final : public Nic {
   std::atomic<uint64_t> head_{0};
   uint64_t released_ = 0;          // slots handed out before head_ not yet freed
   uint64_t stuck_since_ = 0;       // when the head slot was first seen claimed, unpublished
-  uint64_t skipped_ = 0;
   uint32_t stuck_polls_ = 0;
   // The UDP socket is looked at on every call while it carries traffic
   // (a peer off this host), else on every 16th: an empty receive is a

@@ -119,12 +119,11 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
       // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
       // (Times read once per pass, by two threads: this pass may have
       // started before the one that sent. No sample then.)
-      const uint64_t t = stamp(), r = t - qp.rtt_sent;
-      if (t <= qp.rtt_sent) {
-      } else if (!qp.srtt) {
+      const uint64_t t = stamp();
+      if (const uint64_t r = t - qp.rtt_sent; t > qp.rtt_sent && !qp.srtt) {
         qp.srtt = r;
         qp.rttvar = r / 2;
-      } else {
+      } else if (t > qp.rtt_sent) {
         const uint64_t d = r > qp.srtt ? r - qp.srtt : qp.srtt - r;
         qp.rttvar = (3 * qp.rttvar + d) / 4;
         qp.srtt = (7 * qp.srtt + r) / 8;

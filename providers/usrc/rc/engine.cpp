@@ -151,14 +151,7 @@ void Engine::arm_timer(uint64_t deadline) {
 int Engine::post_send(Qp &qp, const SendWr &wr) {
   // At most one clock read for the times this post takes (a round-trip
   // sample's start, the retransmission timer), and only if it takes one.
-  struct Pass {
-    Engine &e;
-    bool mine;
-    ~Pass() {
-      if (mine) e.pass_time_ = 0, e.lazy_pass_ = false;
-    }
-  } pass{*this, pass_time_ == 0};
-  if (pass.mine) lazy_pass_ = true;
+  Pass pass(*this, 0);
   if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::rtr)
     return EINVAL;
   if (wr.num_sge > kMaxSge) return EINVAL;
@@ -223,11 +216,7 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
 }
 
 size_t Engine::progress(bool app, uint64_t now) {
-  struct Pass {
-    Engine &e;
-    ~Pass() { e.pass_time_ = 0; }
-  } pass{*this};
-  pass_time_ = now ? now : clock_();
+  Pass pass(*this, now ? now : clock_());
   const auto &t = Tunables::get();
   net::RxPacket *pkts = rx_pkts_.data();
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());

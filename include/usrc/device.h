@@ -94,7 +94,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(ghost_acks, "ACKs for PSNs never sent (dropped)")                         \
   X(implied_naks, "READ/ATOMIC response gaps: resent from the gap")           \
   X(tx_errors, "packets the NIC refused to send")                             \
-  X(rto_resends, "resends on the adaptive retransmission timer (before the Local ACK Timeout)")
+  X(rto_resends, "resends on the adaptive retransmission timer (before the Local ACK Timeout)") \
+  X(direct_writes, "RDMA WRITEs placed directly in a same-host peer's memory")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

@@ -150,7 +150,12 @@ int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
     // A CQ without a completion channel is only ever polled: this caller
     // polls in a loop even if it never finds the CQ empty (the progress
     // thread may have filled it each time), and receives itself from now.
-    cq->ctx->note_app_poll();
+    // A completion made at post time (a placed RDMA WRITE) came without a
+    // pass: receive now, as an empty poll would.
+    if (cq->ctx->engine().placed_since_pass.load(std::memory_order_relaxed))
+      cq->ctx->try_progress();
+    else
+      cq->ctx->note_app_poll();
   }
   if (cq->ring.fired() && cq->ring.empty()) withdraw_event(cq);
   return n;
@@ -193,7 +198,11 @@ int start_poll(ibv_cq_ex *x, ibv_poll_cq_attr *attr) {
   Cq *cq = to_cq(x);
   cq->poll_mu.lock();
   if (take(x)) {
-    if (cq->chan_wfd < 0) cq->ctx->note_app_poll();   // (as in poll_cq)
+    if (cq->chan_wfd >= 0) return 0;   // (as in poll_cq)
+    if (cq->ctx->engine().placed_since_pass.load(std::memory_order_relaxed))
+      cq->ctx->try_progress();
+    else
+      cq->ctx->note_app_poll();
     return 0;
   }
   cq->ctx->try_progress();

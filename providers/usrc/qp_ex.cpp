@@ -149,8 +149,7 @@ int wr_complete(ibv_qp_ex *x) {
     std::lock_guard g(c.engine().mu);
     // All or none: every check that could stop ibv_post_send part way,
     // and the room, before anything is posted.
-    const auto &sq = qp->t->sq;
-    if (sq.capacity() - (sq.tail - sq.head) < n) return ENOMEM;
+    if (qp->t->send_room() < n) return ENOMEM;
     for (size_t i = 0; i < n; i++)
       if (int e = check_send_wr(qp, qp->batch[i].wr)) return e;
     ibv_send_wr *bad = nullptr;

@@ -101,9 +101,10 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
       CHECK(info->hdr_len <= kMaxHdrLen);
       // The transport prefix of the name matches the top three bits.
       const std::string name = info->name;
-      CHECK(name.substr(0, 3) == (op < 0x20 ? "RC_" : op < 0x40 ? "UC_" : "UD_"));
+      CHECK(name.substr(0, op >= 0xc0 ? 5 : 3) ==
+            (op < 0x20 ? "RC_" : op < 0x40 ? "UC_" : op < 0xc0 ? "UD_" : "USRC_"));
       // Only UD has a DETH; only RC has responses, READ, atomics, invalidate.
-      CHECK(bool(m & HAS_DETH) == (op >= 0x60));
+      CHECK(bool(m & HAS_DETH) == (op >= 0x60 && op < 0xc0));
       if (op >= 0x20) CHECK(!(m & (IS_RESPONSE | IS_READ | IS_ATOMIC | HAS_IETH)));
       // A receive WQE is consumed by the packet that completes a SEND or a
       // WRITE with immediate; never by READ or atomics.
@@ -115,6 +116,7 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
   want.insert({0x16, 0x17});
   for (int op = 0x20; op <= 0x2b; op++) want.insert(op);
   want.insert({0x64, 0x65});
+  want.insert(0xc0);   // ours (manufacturer-specific): a placed RDMA WRITE
   CHECK(valid == want);
 
   auto info = [](Opcode op) { return *opcode_info(uint8_t(op)); };

@@ -30,6 +30,10 @@ namespace usrc {
   X(uint32_t, shm, "USRC_SHM", 1,                                                         \
     "UDP backend: datagrams to contexts on this host (same user and network namespace) go"  \
     " through their shared-memory ring instead of the socket (0: always the socket)")      \
+  X(uint32_t, direct_write, "USRC_DIRECT_WRITE", 4096,                                    \
+    "RDMA WRITEs up to this many bytes to a context on this host that exposes the memory"   \
+    " (through its shared-memory ring: USRC_SHM) are written straight into the target"      \
+    " process's memory and complete at once (0: never)")                                   \
   X(uint32_t, icrc_check, "USRC_ICRC_CHECK", 1,                                           \
     "Verify the ICRC of received packets (an ICRC of 0 from this host means none: see"    \
     " USRC_ICRC_LOCAL)")                                                                   \

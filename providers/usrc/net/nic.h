@@ -37,6 +37,23 @@ struct RxPacket {
   Endpoint src;
   const uint8_t *data; // owned by the NIC; valid until the next recv()
   size_t len;
+  // From a process of this host and user, through memory only it and we
+  // can write (a shared-memory ring): may carry direct-placement notices.
+  bool trusted = false;
+};
+
+// Direct placement (same-host peers whose memory the backend can reach):
+// a context exposes memory regions by key and gates by tag; a peer writes
+// into a region through an open gate whose far end is the writer.
+struct Gate {
+  uint64_t domain = 0;     // regions of this domain only (0: the gate is shut)
+  uint32_t peer_tag = 0;   // the writer's tag, as the writer gives it
+  Endpoint peer;           // the writer's endpoint
+};
+struct Region {
+  uint64_t domain = 0;
+  uint8_t *addr = nullptr; // where base lies in the owner's address space
+  uint64_t base = 0, len = 0;
 };
 
 class Nic {
@@ -76,6 +93,20 @@ class Nic {
   // address are such peers (the kernel routes both through the loopback
   // device, and drops such sources arriving from outside).
   virtual bool same_host(Endpoint e) const { return (e.ip >> 24) == 127 || e.ip == local().ip; }
+
+  // Direct placement. place(): writes the len bytes of iov into dst's
+  // region `key` at [at, at+len), through dst's gate `tag` whose peer is
+  // (our endpoint, my_tag); true if every byte landed, false if dst has no
+  // such region or gate (or no way in): the caller then sends as usual.
+  // expose()/withdraw(), open_gate(): what peers may place into here; once
+  // withdraw() or a shut gate returns, no place() reaches that memory.
+  virtual bool place(Endpoint /*dst*/, uint32_t /*tag*/, uint32_t /*my_tag*/, uint32_t /*key*/,
+                     uint64_t /*at*/, const iovec * /*iov*/, size_t /*iovcnt*/, size_t /*len*/) {
+    return false;
+  }
+  virtual void expose(uint32_t /*key*/, const Region &) {}
+  virtual void withdraw(uint32_t /*key*/) {}
+  virtual void set_gate(uint32_t /*tag*/, const Gate &) {}
 };
 
 }  // namespace usrc::net

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,7 +21,7 @@ namespace usrc::net {
 namespace {
 
 constexpr uint64_t kMagic = 0x31676e6972637375ull;   // "usrcring1"-ish, little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kMask = ShmNic::kSlots - 1;
 static_assert((ShmNic::kSlots & kMask) == 0, "a power of two");
 // The doorbell: a UDP datagram too short to be an IBA packet.
@@ -48,6 +49,35 @@ struct ShmSlot {
   alignas(64) uint8_t data[ShmNic::kSlotData];
 };
 
+// Direct placement: what the owner lets peers write into (Nic::expose,
+// Nic::set_gate), looked up by key and tag modulo the table size (a key
+// or tag whose entry is taken is not exposed: its writers send instead).
+// Both tables change, and are read by writers, under `mu` only; a writer
+// holds it while it writes, so that once the owner has withdrawn a region
+// (under mu) nobody writes into that memory any more.
+struct ShmRegion {
+  uint32_t key;
+  uint64_t domain;   // 0: free
+  uint64_t addr, base, len;
+};
+struct ShmGate {
+  uint32_t tag, peer_tag;
+  Endpoint peer;
+  uint64_t domain;   // 0: free
+};
+struct ShmDirectory {
+  static constexpr uint32_t kRegions = 4096, kGates = 1024;
+  // Locked by the thread that created the ring for as long as it lives
+  // (robust): a writer's failed trylock says, without a system call, that
+  // the pid below is still the owner's (the kernel marks the lock when
+  // that thread dies, before its pid can be reused).
+  pthread_mutex_t life;
+  pthread_mutex_t mu;   // robust, process-shared
+  int32_t pid;
+  ShmRegion regions[kRegions];
+  ShmGate gates[kGates];
+};
+
 struct ShmRing {
   uint64_t magic;     // written last, when the ring is ready
   uint32_t version, nslots, slot_size;
@@ -55,6 +85,7 @@ struct ShmRing {
   alignas(64) std::atomic<uint64_t> tail;       // the next position to claim
   alignas(64) std::atomic<uint32_t> sleeping;   // the owner waits on its socket
   alignas(64) ShmSlot slots[ShmNic::kSlots];
+  alignas(64) ShmDirectory dir;
 };
 static_assert(offsetof(ShmRing, slots) <= 4096, "the header fits the first page");
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
@@ -65,6 +96,23 @@ static uint64_t seq_of(const ShmSlot &s, uint64_t idx) {
 }
 static void set_seq(ShmSlot &s, uint64_t idx, uint64_t v) {
   s.seq.store(v - idx, std::memory_order_release);
+}
+
+// The directory's mutex; false only if it is unusable (a holder died in a
+// way that left it unrecoverable).
+static bool lock(pthread_mutex_t &m) {
+  const int e = pthread_mutex_lock(&m);
+  if (e == EOWNERDEAD) pthread_mutex_consistent(&m);
+  return e == 0 || e == EOWNERDEAD;
+}
+
+// The thread that created the ring still holds its life lock.
+static bool owner_alive(ShmDirectory &d) {
+  const int e = pthread_mutex_trylock(&d.life);
+  if (e == EBUSY) return true;
+  if (e == EOWNERDEAD) pthread_mutex_consistent(&d.life);
+  if (e == 0 || e == EOWNERDEAD) pthread_mutex_unlock(&d.life);
+  return false;
 }
 
 // "/usrc.<uid>.<netns inode>.": the rings this process may talk to.
@@ -253,6 +301,15 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
     return nullptr;
   }
   auto *r = static_cast<ShmRing *>(p);   // all zero: every slot free
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&r->dir.life, &ma);
+  pthread_mutex_init(&r->dir.mu, &ma);
+  pthread_mutexattr_destroy(&ma);
+  pthread_mutex_lock(&r->dir.life);
+  r->dir.pid = getpid();
   r->version = kVersion;
   r->nslots = kSlots;
   r->slot_size = sizeof(ShmSlot);
@@ -271,6 +328,9 @@ ShmNic::~ShmNic() {
   for (Peer &p : peers_)
     if (p.owned) unmap(p.ring);
   own_->alive.store(0, std::memory_order_release);
+  // No writer is inside (they hold mu) or gets in after this (alive 0).
+  if (lock(own_->dir.mu)) pthread_mutex_unlock(&own_->dir.mu);
+  pthread_mutex_unlock(&own_->dir.life);   // (fails if another thread locked it: no matter)
   unmap(own_);
   shm_unlink(name_.c_str());
   untrack_owned(own_fd_);
@@ -313,6 +373,58 @@ ShmRing *ShmNic::peer_ring(Endpoint e) {
     return nullptr;
   }
   return p->ring;
+}
+
+bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
+                   const iovec *iov, size_t iovcnt, size_t len) {
+  ShmRing *r = peer_ring(dst);
+  if (!r) return false;
+  ShmDirectory &d = r->dir;
+  if (!lock(d.mu)) return false;
+  bool ok = false;
+  const ShmGate &g = d.gates[tag % ShmDirectory::kGates];
+  const ShmRegion &m = d.regions[key % ShmDirectory::kRegions];
+  if (r->alive.load(std::memory_order_relaxed) && g.domain && g.tag == tag &&
+      g.peer_tag == my_tag && g.peer == inner_->local() && m.domain == g.domain &&
+      m.key == key && at >= m.base && len <= m.len && at - m.base <= m.len - len) {
+    auto *to = reinterpret_cast<uint8_t *>(m.addr + (at - m.base));
+    if (d.pid == pid_) {   // a context of this process
+      for (size_t i = 0; i < iovcnt; to += iov[i].iov_len, i++)
+        std::memcpy(to, iov[i].iov_base, iov[i].iov_len);
+      ok = true;
+    } else if (owner_alive(d)) {
+      const iovec remote{to, len};
+      ok = process_vm_writev(d.pid, iov, iovcnt, &remote, 1, 0) == ssize_t(len);
+    }
+  }
+  pthread_mutex_unlock(&d.mu);
+  return ok;
+}
+
+void ShmNic::expose(uint32_t key, const Region &m) {
+  ShmDirectory &d = own_->dir;
+  if (!lock(d.mu)) return;
+  ShmRegion &e = d.regions[key % ShmDirectory::kRegions];
+  if (!e.domain || e.key == key)
+    e = {key, m.domain, reinterpret_cast<uint64_t>(m.addr), m.base, m.len};
+  pthread_mutex_unlock(&d.mu);
+}
+
+void ShmNic::withdraw(uint32_t key) {
+  ShmDirectory &d = own_->dir;
+  if (!lock(d.mu)) return;
+  ShmRegion &e = d.regions[key % ShmDirectory::kRegions];
+  if (e.domain && e.key == key) e = {};
+  pthread_mutex_unlock(&d.mu);
+}
+
+void ShmNic::set_gate(uint32_t tag, const Gate &g) {
+  ShmDirectory &d = own_->dir;
+  if (!lock(d.mu)) return;
+  ShmGate &e = d.gates[tag % ShmDirectory::kGates];
+  if (g.domain && (!e.domain || e.tag == tag)) e = {tag, g.peer_tag, g.peer, g.domain};
+  else if (!g.domain && e.domain && e.tag == tag) e = {};
+  pthread_mutex_unlock(&d.mu);
 }
 
 // Copies the next len bytes at the iovec cursor into a claimed slot; the
@@ -438,17 +550,17 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       if (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)) break;   // alive: wait
       stuck_since_ = stuck_polls_ = 0;
       head++;
-      out[k++] = {{0, 0}, s.data, 0};   // an empty datagram: dropped and counted as malformed
+      out[k++] = {{0, 0}, s.data, 0, true};   // an empty datagram: dropped and counted as malformed
       continue;
     }
     stuck_since_ = stuck_polls_ = 0;
     const uint32_t len = s.len;
     head++;
     if (len > kSlotData) {   // not from one of us: handed out empty (malformed_drops)
-      out[k++] = {{s.src_ip, s.src_port}, s.data, 0};
+      out[k++] = {{s.src_ip, s.src_port}, s.data, 0, true};
       continue;
     }
-    out[k++] = {{s.src_ip, s.src_port}, s.data, len};
+    out[k++] = {{s.src_ip, s.src_port}, s.data, len, true};
   }
   head_.store(head, std::memory_order_relaxed);
   if (!udp || k == out.size()) return k;

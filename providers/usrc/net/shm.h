@@ -45,6 +45,15 @@ class ShmNic final : public Nic {
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }
   bool prepare_wait() override;
   void end_wait() override;
+  // Direct placement into a peer context's memory: ours (the ring's owner
+  // and the process that registered it) publishes regions and gates in its
+  // ring file; a writer checks them under the directory's lock and writes
+  // with process_vm_writev (memcpy within one process).
+  bool place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
+             const iovec *iov, size_t iovcnt, size_t len) override;
+  void expose(uint32_t key, const Region &r) override;
+  void withdraw(uint32_t key) override;
+  void set_gate(uint32_t tag, const Gate &g) override;
 
   // The ring's name for an endpoint in this user's and namespace's space.
   static std::string ring_name(Endpoint e);

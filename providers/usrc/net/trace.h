@@ -30,6 +30,14 @@ class TraceNic final : public Nic {
   bool rx_pending() const override { return inner_->rx_pending(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }
+  // (Placed data is not a datagram: the trace shows the notice alone.)
+  bool place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
+             const iovec *iov, size_t iovcnt, size_t len) override {
+    return inner_->place(dst, tag, my_tag, key, at, iov, iovcnt, len);
+  }
+  void expose(uint32_t key, const Region &r) override { inner_->expose(key, r); }
+  void withdraw(uint32_t key) override { inner_->withdraw(key); }
+  void set_gate(uint32_t tag, const Gate &g) override { inner_->set_gate(tag, g); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}

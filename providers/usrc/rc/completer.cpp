@@ -12,6 +12,11 @@ static WcOpcode wc_opcode(const SendWqe &w) { return wc_opcode_of(w.wr.opcode); 
 
 void Engine::complete_head(Qp &qp) {
   SendWqe &w = qp.sq.at(qp.sq.head);
+  if (w.placed) {   // completed when placed
+    qp.placed--;
+    qp.sq.head++;
+    return;
+  }
   if (qp.sq_sig_all || (w.wr.flags & kSignaled))
     push(qp.send_cq, {w.wr.wr_id, WcStatus::success, wc_opcode(w), false, false,
                       w.wr.opcode == WrOpcode::rdma_read ? w.length
@@ -212,6 +217,12 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
 // The WQE at the head failed: complete it with st, then the QP goes to the
 // Error state and everything behind it is flushed (IBA 10.8.3).
 void Engine::fail_head(Qp &qp, WcStatus st) {
+  // Placed WQEs completed successfully (their data is in place): the
+  // error belongs to the first one that was not.
+  while (!qp.sq.empty() && qp.sq.at(qp.sq.head).placed) {
+    qp.placed--;
+    qp.sq.head++;
+  }
   if (!qp.sq.empty()) {
     SendWqe &w = qp.sq.at(qp.sq.head);
     push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, stamp()});

@@ -14,7 +14,8 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
                MemoryAccess *mem, EngineHooks *hooks)
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
-      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), icrc_local_(Tunables::get().icrc_local != 0) {
+      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), icrc_local_(Tunables::get().icrc_local != 0),
+      direct_max_(Tunables::get().direct_write) {
   ack_list_.reserve(64);
 }
 
@@ -28,7 +29,8 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     if (qps_[i]) continue;
     Qp *qp = new Qp;
     qp->qpn = (slot_ << kQpnIndexBits) | i;
-    qp->sq.init(max_send_wr ? max_send_wr : 1);
+    qp->sq_cap = max_send_wr ? max_send_wr : 1;
+    qp->sq.init(qp->sq_cap + kPlacedSlack);
     qp->rq.init(max_recv_wr ? max_recv_wr : 1);
     qp->window = qp->cwnd = qp->ssthresh = max_window;
     qps_[i] = qp;
@@ -40,6 +42,8 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
 
 void Engine::destroy_qp(Qp *qp) {
   tx_flush();   // held ACKs
+  qp->state = QpState::err;   // (for the gate: nothing is placed into a destroyed QP)
+  update_gate(*qp);
   bool responded = qp->comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) return reap(qp);
@@ -49,6 +53,7 @@ void Engine::destroy_qp(Qp *qp) {
   t = std::min<uint64_t>(t ? t + t / 2 : 100'000'000, 1'000'000'000);
   qp->linger_until = clock_() + t;
   qp->sq.head = qp->sq.tail = 0;
+  qp->placed = 0;
   qp->tx_pos = 0;
   qp->next_psn = qp->tx_psn = qp->tx_high = qp->una_psn;
   qp->ack_deadline = qp->rnr_deadline = 0;
@@ -85,6 +90,7 @@ void Engine::set_state(Qp &qp, QpState s) {
   switch (s) {
     case QpState::reset:
       qp.sq.head = qp.sq.tail = qp.rq.head = qp.rq.tail = 0;
+      qp.placed = 0;
       qp.tx_pos = 0;
       qp.msn = 0;
       qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = false;
@@ -116,6 +122,19 @@ void Engine::set_state(Qp &qp, QpState s) {
     default:
       break;
   }
+  update_gate(qp);
+}
+
+// Peers on this host may place RDMA WRITEs into this QP's PD's memory while
+// it responds (RTR, RTS, SQD), takes remote writes, and talks to one of them.
+void Engine::update_gate(Qp &qp) {
+  const bool open = (qp.state == QpState::rtr || qp.state == QpState::rts ||
+                     qp.state == QpState::sqd) &&
+                    (qp.access & kAccessRemoteWrite) && qp.local_path && qp.pd;
+  if (!open && !qp.gate_open) return;
+  nic_->set_gate(qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.dest_qpn, qp.peer}
+                              : net::Gate{});
+  qp.gate_open = open;
 }
 
 // IBA 10.3.1 / C10-?: in the Error state every outstanding and every newly
@@ -127,10 +146,12 @@ void Engine::flush_queues(Qp &qp) {
   uint64_t now = clock_();
   for (; !qp.sq.empty(); qp.sq.head++) {
     SendWqe &w = qp.sq.at(qp.sq.head);
+    if (w.placed) continue;   // completed when placed
     push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wc_opcode_of(w.wr.opcode), false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
   qp.tx_pos = qp.sq.head;
+  qp.placed = 0;
   for (; !qp.rq.empty(); qp.rq.head++) {
     RecvWqe &r = qp.rq.at(qp.rq.head);
     push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0,
@@ -155,16 +176,18 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::rtr)
     return EINVAL;
   if (wr.num_sge > kMaxSge) return EINVAL;
-  if (qp.sq.full()) return ENOMEM;
+  if (!qp.send_room()) return ENOMEM;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
   if (len > kMaxMsgSize) return EINVAL;
   if ((wr.flags & kInline) && len > kMaxInline) return EINVAL;
 
+  const bool placed = place(qp, wr, len);
   SendWqe &w = qp.sq.at(qp.sq.tail);
   w.wr = wr;
   w.length = static_cast<uint32_t>(len);
-  if (wr.flags & kInline) {
+  w.placed = placed;
+  if ((wr.flags & kInline) && !placed) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
     for (uint32_t i = 0; i < wr.num_sge; i++) {
@@ -174,7 +197,7 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
     w.wr.num_sge = 1;
     w.wr.sge[0] = {w.inline_data, off};
   }
-  w.npkts = len == 0 ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
+  w.npkts = len == 0 || placed ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
   w.rd_before = qp.rd_posted;
   qp.rd_posted += is_rd_atomic(wr.opcode);
   w.first_psn = qp.next_psn;
@@ -185,6 +208,16 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
     flush_queues(qp);
     return 0;
   }
+  if (placed) {
+    // Done: the data is in the peer's memory. The notice that follows
+    // takes the PSN; the WQE stays until it is acknowledged.
+    qp.placed++;
+    count(Counter::direct_writes);
+    placed_since_pass.store(true, std::memory_order_relaxed);
+    if (qp.sq_sig_all || (wr.flags & kSignaled))
+      push(qp.send_cq, {wr.wr_id, WcStatus::success, WcOpcode::rdma_write, false, false,
+                        w.length, 0, qp.qpn, 0, 0, stamp()});
+  }
   qp.next_psn = psn_add(qp.next_psn, w.npkts);
   // Nothing in flight: send now (latency). Otherwise the ACKs on their way
   // back run the engine again (the application's poll or the progress
@@ -194,6 +227,21 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   requester_tx(qp);
   if (!in_flight) tx_flush();
   return 0;
+}
+
+// Direct placement (net::Nic::place): an RDMA WRITE to a peer on this host
+// that has exposed the memory and opened its gate to this QP is written
+// into that memory now, and completes at once. Only when every WQE before
+// it on this QP was placed too (so nothing sent earlier can land after it)
+// and within the slack of placed WQEs not yet acknowledged.
+bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
+  if (wr.opcode != WrOpcode::rdma_write || len > direct_max_ || !qp.local_path ||
+      qp.state != QpState::rts || qp.rate_bps || qp.placed >= kPlacedSlack ||
+      qp.sq.tail - qp.sq.head != qp.placed || qp.tx_psn != qp.next_psn)
+    return false;
+  iovec iov[kMaxSge];
+  for (uint32_t i = 0; i < wr.num_sge; i++) iov[i] = {wr.sge[i].addr, wr.sge[i].length};
+  return nic_->place(qp.peer, qp.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
 }
 
 void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv) {
@@ -217,6 +265,8 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
 
 size_t Engine::progress(bool app, uint64_t now) {
   Pass pass(*this, now ? now : clock_());
+  if (placed_since_pass.load(std::memory_order_relaxed))
+    placed_since_pass.store(false, std::memory_order_relaxed);
   const auto &t = Tunables::get();
   net::RxPacket *pkts = rx_pkts_.data();
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());
@@ -285,8 +335,9 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       return;
     }
   }
-  // RC opcodes only (IBA 9.2.1: transport 000b).
-  if (v.opcode() >= 0x20) {
+  // RC opcodes only (IBA 9.2.1: transport 000b), and our placed-WRITE
+  // notice from this host's shared memory.
+  if (v.opcode() >= 0x20 && !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
     count(Counter::malformed_drops);
     return;
   }

@@ -61,6 +61,12 @@ class Engine {
   void set_state(Qp &qp, QpState s);
   void set_sq_psn(Qp &qp, uint32_t psn);
   void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & 0xffffff; }
+  // Memory a same-host peer may place RDMA WRITEs into (net::Nic::place):
+  // a registration with remote write access, and its end.
+  void expose(uint32_t rkey, const void *pd, uint8_t *addr, uint64_t iova, uint64_t len) {
+    nic_->expose(rkey, {reinterpret_cast<uint64_t>(pd), addr, iova, len});
+  }
+  void withdraw(uint32_t rkey) { nic_->withdraw(rkey); }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
   int post_recv(Qp &qp, const RecvWr &wr);
@@ -81,6 +87,10 @@ class Engine {
   uint64_t now() const { return clock_(); }
 
   std::array<uint64_t, kNumCounters> counters{};
+  // A post completed a WQE by placing it since the last progress pass: a
+  // poll that finds that completion should still receive (the peer's
+  // notices and ACKs), as an empty poll would. Read without the lock.
+  std::atomic<bool> placed_since_pass{false};
   uint32_t slot() const { return slot_; }
   uint32_t max_window = 64;       // cap for new QPs (from the socket buffer)
 
@@ -89,6 +99,8 @@ class Engine {
   void requester_tx(Qp &qp);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
+  bool place(Qp &qp, const SendWr &wr, uint64_t len);
+  void update_gate(Qp &qp);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
   bool ack_through(Qp &qp, uint32_t psn);
@@ -183,7 +195,8 @@ class Engine {
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
-  const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
+  const bool icrc_local_;
+  const uint64_t direct_max_;    // USRC_DIRECT_WRITE        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

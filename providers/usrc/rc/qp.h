@@ -21,6 +21,9 @@ struct SendWqe {
   // READs and ATOMICs posted on this QP before this WQE (Qp::rd_posted at
   // post time): the difference of two gives those between them in O(1).
   uint32_t rd_before = 0;
+  // An RDMA WRITE placed in the peer's memory at post time and completed
+  // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
+  bool placed = false;
   uint8_t inline_data[kMaxInline];
 };
 
@@ -78,8 +81,16 @@ struct Qp {
   uint8_t max_rd_atomic = 1;  // READ/ATOMIC requests in flight (initiator depth)
   uint8_t max_dest_rd_atomic = kMaxRdAtomic;  // responder resources (0: none)
 
-  Ring<SendWqe> sq;
+  Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
   Ring<RecvWqe> rq;
+  uint32_t sq_cap = 1;         // WQEs the application may have outstanding
+  uint32_t placed = 0;         // placed WQEs in the SQ (completed, not yet ACKed)
+  bool gate_open = false;      // peers on this host may place into our memory
+  // Room for this many more send WRs (placed ones do not count).
+  uint32_t send_room() const {
+    const uint64_t busy = sq.tail - sq.head - placed;
+    return busy >= sq_cap ? 0 : sq_cap - static_cast<uint32_t>(busy);
+  }
 
   // Requester.
   uint32_t next_psn = 0;      // first PSN of the next posted WQE (sq_psn)

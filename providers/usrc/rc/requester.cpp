@@ -127,6 +127,18 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
     tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
     return;
   }
+  if (w.placed) {
+    // The data is there already: the notice takes the PSN (and the ACK).
+    h.bth.opcode = static_cast<uint8_t>(Opcode::USRC_WRITE_PLACED);
+    h.bth.pkey = 0xffff;
+    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.psn = psn;
+    h.bth.ack_req = true;
+    h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
+    TxSlot &s = tx_slot();
+    tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
+    return;
+  }
   h.bth.opcode = static_cast<uint8_t>(request_opcode(w, k));
   h.bth.pkey = 0xffff;
   h.bth.dest_qp = qp.dest_qpn;

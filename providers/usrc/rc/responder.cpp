@@ -90,6 +90,21 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
   };
 
+  if (v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)) {
+    // The requester wrote the data into our memory itself, through the
+    // gate this QP opened (Engine::update_gate): take its PSN, acknowledge.
+    if (qp.in_msg) return invalid();
+    if (!qp.comm_est) {
+      qp.comm_est = true;
+      if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
+    }
+    qp.msn = msn_add(qp.msn, 1);
+    qp.epsn = psn_add(qp.epsn, 1);
+    qp.nak_sent = false;
+    if (!qp.ack_pending) ack_list_.push_back(&qp);
+    qp.ack_pending = true;
+    return;
+  }
   if (!is_send && !is_write) {   // READ or ATOMIC
     // No responder resources (max_dest_rd_atomic 0): the QP takes no
     // READ or ATOMIC at all.

@@ -57,6 +57,8 @@ constexpr Row kRows[] = {
     {0x64, "UD_SEND_ONLY", kReq | kPay | IS_SEND | kO | HAS_DETH | CONSUMES_RWQE},
     {0x65, "UD_SEND_ONLY_WITH_IMMEDIATE",
      kReq | kPay | IS_SEND | kO | HAS_DETH | HAS_IMMDT | CONSUMES_RWQE},
+    // Manufacturer-specific (110b): an RDMA WRITE already placed.
+    {0xc0, "USRC_RDMA_WRITE_PLACED", kReq | IS_WRITE | kO | HAS_RETH},
 #undef SENDS
 };
 
@@ -79,7 +81,7 @@ constexpr bool rows_ok() {
   return true;
 }
 static_assert(rows_ok());
-static_assert(sizeof kRows / sizeof kRows[0] == 23 + 12 + 2, "RC, UC, UD opcodes");
+static_assert(sizeof kRows / sizeof kRows[0] == 23 + 12 + 2 + 1, "RC, UC, UD, ours");
 
 // Big-endian field access.
 inline uint16_t get16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }

@@ -28,6 +28,12 @@ enum class Opcode : uint8_t {
   UC_WRITE_LAST = 0x28, UC_WRITE_LAST_IMM = 0x29, UC_WRITE_ONLY = 0x2a,
   UC_WRITE_ONLY_IMM = 0x2b,
   UD_SEND_ONLY = 0x64, UD_SEND_ONLY_IMM = 0x65,
+  // Manufacturer-specific opcode (IBA table 38, 110xxxxxb), ours: an RDMA
+  // WRITE whose data the requester has already placed in the responder's
+  // memory (same-host direct placement): BTH + RETH, no payload. The
+  // responder only takes its PSN and acknowledges it; it accepts it only
+  // through shared memory from this host (RxPacket::trusted).
+  USRC_WRITE_PLACED = 0xc0,
 };
 
 enum HdrMask : uint32_t {

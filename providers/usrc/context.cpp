@@ -212,7 +212,9 @@ Context::~Context() {
 
 void Context::flush_counters() {
   if (!shm_) return;
-  for (uint32_t i = 0; i < kNumCounters; i++) {
+  // (A device made by an older version has fewer counters in its file.)
+  const uint64_t n = std::min<uint64_t>(shm_->count, kNumCounters);
+  for (uint32_t i = 0; i < n; i++) {
     uint64_t d = engine_->counters[i] - flushed_[i];
     if (d) std::atomic_ref<uint64_t>(shm_->value[i]).fetch_add(d, std::memory_order_relaxed);
     flushed_[i] = engine_->counters[i];

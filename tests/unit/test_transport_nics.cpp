@@ -435,3 +435,86 @@ TEST_CASE("shm: writers in several processes at once: every datagram arrives onc
   CHECK(got == uint64_t(kWriters) * kEach);
   for (int w = 0; w < kWriters; w++) CHECK(next[w] == kEach);
 }
+
+TEST_CASE("shm: direct placement writes only through an open gate into an exposed region, in this process and another", "[nic]") {
+  constexpr uint16_t kBase = 26270;
+  const net::Endpoint we{0x7f000001, uint16_t(kBase + 1)}, other{0x7f000001, uint16_t(kBase + 2)};
+  auto owner = shm_nic({0x7f000001, kBase});
+  auto w = shm_nic(we), w2 = shm_nic(other);
+  std::vector<uint8_t> buf(4096, 0);
+  owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()});
+  owner->expose(0x101, {8, buf.data(), 0x1000, buf.size()});   // another domain
+  owner->set_gate(5, {7, 9, we});
+  const net::Endpoint to = owner->local();
+  w->add_peer(to);
+  w2->add_peer(to);
+  const char msg[] = "hello";
+  iovec iov[2] = {{const_cast<char *>(msg), 3}, {const_cast<char *>(msg) + 3, 2}};
+  auto place = [&](net::Nic &n, uint32_t tag, uint32_t my, uint32_t key, uint64_t at, size_t len = 5) {
+    return n.place(to, tag, my, key, at, iov, 2, len);
+  };
+  REQUIRE(place(*w, 5, 9, 0x100, 0x1000 + 10));
+  CHECK(std::memcmp(buf.data() + 10, "hello", 5) == 0);
+  std::fill(buf.begin(), buf.end(), 0);
+  CHECK_FALSE(place(*w, 6, 9, 0x100, 0x1000));           // no such gate
+  CHECK_FALSE(place(*w, 5, 8, 0x100, 0x1000));           // the gate is for another tag
+  CHECK_FALSE(place(*w2, 5, 9, 0x100, 0x1000));          // ... and another endpoint
+  CHECK_FALSE(place(*w, 5, 9, 0x102, 0x1000));           // no such region
+  CHECK_FALSE(place(*w, 5, 9, 0x101, 0x1000));           // a region of another domain
+  CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000 - 1));       // before it
+  CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000 + 4092));    // past its end
+  CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
+  owner->withdraw(0x100);
+  CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
+  owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()});
+  owner->set_gate(5, {});
+  CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
+  CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
+
+  // From another process (process_vm_writev into this one).
+  owner->set_gate(5, {7, 9, {0x7f000001, uint16_t(kBase + 3)}});
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto c = shm_nic({0x7f000001, uint16_t(kBase + 3)});
+    c->add_peer(to);
+    _exit(c->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(std::memcmp(buf.data() + 100, "hello", 5) == 0);
+
+  // Into another process, until it dies.
+  int ready[2], done[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(done) == 0);
+  const net::Endpoint child{0x7f000001, uint16_t(kBase + 4)};
+  pid = fork();
+  if (pid == 0) {
+    auto c = shm_nic(child);
+    static volatile uint8_t mem[64];
+    c->expose(0x200, {3, const_cast<uint8_t *>(mem), 0, sizeof mem});
+    c->set_gate(11, {3, 12, we});
+    char x = 1;
+    (void)!write(ready[1], &x, 1);
+    for (uint64_t end = wall_ns() + 5'000'000'000ull; mem[0] != 'h' && wall_ns() < end;) {
+    }
+    x = mem[4] == 'o';
+    (void)!write(done[1], &x, 1);
+    pause();   // killed: the ring stays behind, its owner dead
+    _exit(0);
+  }
+  char x = 0;
+  REQUIRE(read(ready[0], &x, 1) == 1);
+  w->add_peer(child);
+  CHECK(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
+  REQUIRE(read(done[0], &x, 1) == 1);
+  CHECK(x == 1);   // the child saw the bytes
+  kill(pid, SIGKILL);
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK_FALSE(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+  // (The dead child's ring is removed by the next context's sweep.)
+  auto sweep = shm_nic({0x7f000001, uint16_t(kBase + 5)});
+  CHECK_FALSE(shm_exists(child));
+}

@@ -1214,3 +1214,176 @@ TEST_CASE("max_dest_rd_atomic 0: READ gets REM_INV_REQ_ERR", "[verbs]") {
   ibv_dereg_mr(ms);
   ibv_dereg_mr(md);
 }
+
+// Small RDMA WRITEs between contexts on one host may be placed straight
+// into the target's memory (USRC_DIRECT_WRITE): the same semantics either
+// way. Checked here whichever path they take; shm_test.sh checks the path.
+TEST_CASE("small RDMA WRITEs: in place at completion, any size, a depth-1 SQ, then ordered with a SEND", "[verbs]") {
+  Dev d;
+  Qp a(d, 1), b(d);
+  connect_pair(d, a, b);
+  std::vector<uint8_t> src(8192), dst(16384, 0);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), 0);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  uint32_t round = 0;
+  for (uint32_t len : {1u, 2u, 3u, 31u, 64u, 255u, 256u, 1000u, 4095u, 4096u, 4097u, 8192u}) {
+    for (int rep = 0; rep < 20; rep++, round++) {
+      for (uint32_t i = 0; i < len; i++) src[i] = uint8_t(round * 7 + i);
+      const uint32_t off = (round * 97) % (dst.size() - len);
+      ibv_sge s{uintptr_t(src.data()), len, ms->lkey};
+      const int inl = len <= 64 && rep % 2 ? IBV_SEND_INLINE : 0;
+      INFO("len " << len << " rep " << rep);
+      REQUIRE(post_send(a.qp, round, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED | inl,
+                        uintptr_t(dst.data()) + off, md->rkey) == 0);
+      if (inl) std::fill(src.begin(), src.begin() + len, 0xee);   // the WQE has its own copy
+      auto wc = poll(a.cq, 1);
+      REQUIRE(wc.size() == 1);
+      CHECK(wc[0].status == IBV_WC_SUCCESS);
+      CHECK(wc[0].opcode == IBV_WC_RDMA_WRITE);
+      CHECK(wc[0].wr_id == round);
+      // Completed: the data is at the responder.
+      bool same = true;
+      for (uint32_t i = 0; i < len; i++) same = same && dst[off + i] == uint8_t(round * 7 + i);
+      CHECK(same);
+    }
+  }
+  // Unsignaled WRITEs, then a SEND: when the SEND arrives, the WRITEs are there.
+  Qp c(d, 64), e(d);
+  connect_pair(d, c, e);
+  std::fill(dst.begin(), dst.end(), 0);
+  REQUIRE(post_recv(e.qp, 9, nullptr, 0) == 0);
+  for (uint32_t i = 0; i < 32; i++) {
+    src[i] = uint8_t(i + 1);
+    ibv_sge s{uintptr_t(src.data() + i), 1, ms->lkey};
+    REQUIRE(post_send(c.qp, i, IBV_WR_RDMA_WRITE, &s, 1, 0, uintptr_t(dst.data()) + i * 100, md->rkey) == 0);
+  }
+  REQUIRE(post_send(c.qp, 99, IBV_WR_SEND, nullptr, 0, IBV_SEND_SIGNALED) == 0);
+  auto rc = poll(e.cq, 1);
+  REQUIRE(rc.size() == 1);
+  CHECK(rc[0].status == IBV_WC_SUCCESS);
+  for (uint32_t i = 0; i < 32; i++) CHECK(dst[i * 100] == uint8_t(i + 1));
+  auto wc = poll(c.cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].wr_id == 99);   // only the signaled one completes
+  ibv_dereg_mr(ms);
+  ibv_dereg_mr(md);
+}
+
+TEST_CASE("small RDMA WRITEs: a deregistered MR, bounds, a QP without remote write: REM_ACCESS_ERR, nothing written", "[verbs]") {
+  Dev d;
+  std::vector<uint8_t> src(64, 0xab), dst(4096, 0);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), 0);
+  auto attempt = [&](int access, bool dereg, uint64_t off) {
+    Qp a(d), b(d);
+    Params pa, pb;
+    pb.access = access;
+    connect_pair(d, a, b, pa, pb);
+    ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    const uint32_t rkey = md->rkey;
+    ibv_sge s{uintptr_t(src.data()), 64, ms->lkey};
+    // One that lands first, where the QP takes WRITEs: the path is open,
+    // then closed.
+    std::vector<ibv_wc> wc;
+    if (access & IBV_ACCESS_REMOTE_WRITE) {
+      REQUIRE(post_send(a.qp, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()), rkey) == 0);
+      wc = poll(a.cq, 1);
+      REQUIRE(wc.size() == 1);
+      CHECK(wc[0].status == IBV_WC_SUCCESS);
+    }
+    if (dereg) ibv_dereg_mr(md);
+    std::fill(dst.begin(), dst.end(), 0);
+    REQUIRE(post_send(a.qp, 2, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, uintptr_t(dst.data()) + off, rkey) == 0);
+    wc = poll(a.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(remote_error(wc[0].status, IBV_WC_REM_ACCESS_ERR));
+    CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t x) { return x == 0; }));
+    if (!dereg) ibv_dereg_mr(md);
+  };
+  attempt(IBV_ACCESS_REMOTE_WRITE, true, 0);           // after ibv_dereg_mr
+  attempt(IBV_ACCESS_REMOTE_WRITE, false, 4096 - 63);  // past the MR's end
+  attempt(IBV_ACCESS_REMOTE_READ, false, 0);           // the QP takes no WRITE
+  ibv_dereg_mr(ms);
+}
+
+// Another process writes into this one (direct placement crosses address
+// spaces): every byte of many WRITEs of varying size lands, then the SEND
+// after them; after ibv_dereg_mr here, its next WRITE fails.
+TEST_CASE("small RDMA WRITEs from another process: every byte lands; after dereg, REM_ACCESS_ERR", "[verbs]") {
+  constexpr uint32_t kWrites = 2000, kStride = 80;
+  int to_child[2], to_parent[2];
+  REQUIRE(pipe(to_child) == 0);
+  REQUIRE(pipe(to_parent) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 1;
+    {
+      Dev d;
+      Qp q(d, 16);
+      uint32_t my = q.qp->qp_num, peer = 0, rkey = 0;
+      uint64_t va = 0;
+      if (write(to_parent[1], &my, 4) == 4 && read(to_child[0], &peer, 4) == 4 &&
+          read(to_child[0], &va, 8) == 8 && read(to_child[0], &rkey, 4) == 4) {
+        connect(d, q, peer, Params{});
+        static uint8_t src[kStride];
+        ibv_mr *m = ibv_reg_mr(d.pd, src, sizeof src, 0);
+        int errors = 0;
+        for (uint32_t i = 0; i < kWrites && !errors; i++) {
+          const uint32_t len = 1 + i % kStride;
+          for (uint32_t k = 0; k < len; k++) src[k] = uint8_t(i * 13 + k);
+          ibv_sge s{uintptr_t(src), len, m->lkey};
+          if (post_send(q.qp, i, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, va + uint64_t(i) * kStride, rkey))
+            errors++;
+          auto wc = poll(q.cq, 1);
+          errors += wc.size() != 1 || wc[0].status != IBV_WC_SUCCESS;
+        }
+        if (!errors && post_send(q.qp, 7, IBV_WR_SEND, nullptr, 0, IBV_SEND_SIGNALED) == 0) {
+          auto wc = poll(q.cq, 1);
+          errors += wc.size() != 1 || wc[0].status != IBV_WC_SUCCESS;
+        }
+        char go = 0;
+        if (!errors && read(to_child[0], &go, 1) == 1) {   // the parent deregistered
+          ibv_sge s{uintptr_t(src), 8, m->lkey};
+          errors += post_send(q.qp, 8, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, va, rkey) != 0;
+          auto wc = poll(q.cq, 1);
+          errors += wc.size() != 1 || !remote_error(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+        }
+        ibv_dereg_mr(m);
+        rc = errors ? 2 : 0;
+      }
+    }
+    _exit(rc);
+  }
+  Dev d;
+  std::vector<uint8_t> dst(kWrites * kStride, 0);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  Qp q(d, 16);
+  uint32_t child = 0;
+  REQUIRE(read(to_parent[0], &child, 4) == 4);
+  REQUIRE(to_init(q.qp, IBV_ACCESS_REMOTE_WRITE) == 0);
+  REQUIRE(to_rtr(d, q.qp, child, Params{}) == 0);
+  REQUIRE(post_recv(q.qp, 1, nullptr, 0) == 0);
+  const uint32_t mine = q.qp->qp_num;
+  const uint64_t va = uintptr_t(dst.data());
+  REQUIRE(write(to_child[1], &mine, 4) == 4);
+  REQUIRE(write(to_child[1], &va, 8) == 8);
+  REQUIRE(write(to_child[1], &md->rkey, 4) == 4);
+  auto rc = poll(q.cq, 1, 60);
+  REQUIRE(rc.size() == 1);
+  CHECK(rc[0].status == IBV_WC_SUCCESS);
+  uint32_t bad = 0;
+  for (uint32_t i = 0; i < kWrites; i++)
+    for (uint32_t k = 0; k < kStride; k++)
+      bad += dst[i * kStride + k] != (k <= i % kStride ? uint8_t(i * 13 + k) : 0);
+  CHECK(bad == 0);
+  ibv_dereg_mr(md);
+  std::fill(dst.begin(), dst.end(), 0);
+  const char go = 1;
+  REQUIRE(write(to_child[1], &go, 1) == 1);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t x) { return x == 0; }));
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
+}

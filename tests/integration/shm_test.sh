@@ -3,7 +3,8 @@
 # ibv_rc_pingpong between two processes on lo moves its packets through
 # /dev/shm, not the socket (a capture on lo sees none of them, doorbells
 # at most), each context has a ring while it is open and none after it
-# exits; with USRC_SHM=0 the same run is all on lo. A context killed with
+# exits; with USRC_SHM=0 the same run is all on lo. Small RDMA WRITEs
+# (ib_write_lat) are placed in the peer's memory. A context killed with
 # SIGKILL leaves its ring behind, and the next context to open removes it.
 # Usage: shm_test.sh USRC_CLI PROVIDER_SO
 USRC=$1 USRC_PROVIDER=$2
@@ -61,6 +62,36 @@ capture_stop; on_lo=$IBA
 note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DURING"
 [ "$RINGS_DURING" = 0 ] || fail "USRC_SHM=0 should create no ring"
 [ "$on_lo" -ge $((2 * N)) ] || fail "USRC_SHM=0: only $on_lo packets on lo for $N round trips"
+
+# Small RDMA WRITEs go straight into the peer's memory (direct placement):
+# stock ib_write_lat's WRITEs are counted as direct_writes, all of both
+# sides', and none with USRC_DIRECT_WRITE=0.
+direct_writes() { "$USRC" stats sh0 | grep -o 'direct_writes [0-9]*' | awk '{print $2}'; }
+write_lat() {   # write_lat ITERS [env...]
+  local n=$1; shift
+  local port; port=$(pick_port)
+  env "$@" timeout 60 "$USRC" exec -- ib_write_lat -d sh0 -s 2 -n $n -p $port -F >"$CAP.srv" 2>&1 &
+  spid=$!
+  wait_listen "" $port || { cat "$CAP.srv"; fail "ib_write_lat server did not listen"; }
+  env "$@" timeout 60 "$USRC" exec -- ib_write_lat -d sh0 -s 2 -n $n -p $port -F 127.0.0.1 >"$CAP.cli" 2>&1 ||
+    { cat "$CAP.srv" "$CAP.cli"; fail "ib_write_lat ($*)"; }
+  wait $spid || { cat "$CAP.srv"; fail "ib_write_lat server ($*)"; }
+  spid=
+  note "ib_write_lat ${*:-(defaults)}: $(grep -E '^ *2 ' "$CAP.cli" | awk '{print "typical " $5 " us, average " $6 " us"}')"
+}
+if command -v ib_write_lat >/dev/null; then
+  N=2000
+  before=$(direct_writes)
+  write_lat $N
+  placed=$(( $(direct_writes) - before ))
+  note "direct placement: $placed WRITEs placed for $N each way"
+  [ "$placed" -ge $((2 * N)) ] || fail "only $placed of $((2 * N)) ib_write_lat WRITEs were placed"
+  before=$(direct_writes)
+  write_lat 200 USRC_DIRECT_WRITE=0
+  [ "$(direct_writes)" = "$before" ] || fail "USRC_DIRECT_WRITE=0 still placed WRITEs"
+else
+  note "ib_write_lat not installed: direct placement not checked here"
+fi
 
 # A context killed outright leaves its ring; the next one to open removes it.
 port=$(pick_port)

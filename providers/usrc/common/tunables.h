@@ -30,7 +30,7 @@ namespace usrc {
   X(uint32_t, shm, "USRC_SHM", 1,                                                         \
     "UDP backend: datagrams to contexts on this host (same user and network namespace) go"  \
     " through their shared-memory ring instead of the socket (0: always the socket)")      \
-  X(uint32_t, direct_write, "USRC_DIRECT_WRITE", 4096,                                    \
+  X(uint32_t, direct_write, "USRC_DIRECT_WRITE", 65536,                                    \
     "RDMA WRITEs up to this many bytes to a context on this host that exposes the memory"   \
     " (through its shared-memory ring: USRC_SHM) are written straight into the target"      \
     " process's memory and complete at once (0: never)")                                   \

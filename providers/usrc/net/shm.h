@@ -64,6 +64,7 @@ class ShmNic final : public Nic {
     Endpoint ep;
     ShmRing *ring = nullptr;   // mapped, or none (the socket)
     bool owned = true;         // false: our own ring (own_), not unmapped here
+    bool no_place = false;     // process_vm_writev refused: no direct placement
   };
   ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
   Peer *find_peer(Endpoint e);

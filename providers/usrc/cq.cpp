@@ -140,6 +140,7 @@ static int drain(Cq *cq, int ne, ibv_wc *wc) {
 int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
   Cq *cq = to_cq(ibcq);
   if (ne <= 0) return 0;
+  cq->ctx->engine().note_poll();
   int n = drain(cq, ne, wc);
   if (n == 0) {
     // Nothing yet: receive and execute in the caller's thread (latency
@@ -197,6 +198,7 @@ int start_poll(ibv_cq_ex *x, ibv_poll_cq_attr *attr) {
   if (attr && attr->comp_mask) return EINVAL;
   Cq *cq = to_cq(x);
   cq->poll_mu.lock();
+  cq->ctx->engine().note_poll();
   if (take(x)) {
     if (cq->chan_wfd >= 0) return 0;   // (as in poll_cq)
     if (cq->ctx->engine().placed_since_pass.load(std::memory_order_relaxed))

@@ -471,18 +471,26 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
   CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
 
-  // From another process (process_vm_writev into this one).
+  // From another process (process_vm_writev into this one): only while
+  // the owner's thread says it lives.
   owner->set_gate(5, {7, 9, {0x7f000001, uint16_t(kBase + 3)}});
-  pid_t pid = fork();
-  if (pid == 0) {
-    auto c = shm_nic({0x7f000001, uint16_t(kBase + 3)});
-    c->add_peer(to);
-    _exit(c->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
-  }
   int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  pid_t pid;
+  for (bool live : {false, true}) {
+    if (live) owner->owner_thread(true);
+    pid = fork();
+    if (pid == 0) {
+      auto c = shm_nic({0x7f000001, uint16_t(kBase + 3)});
+      c->add_peer(to);
+      _exit(c->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
+    }
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == (live ? 0 : 1));
+    CHECK(buf[100] == (live ? 'h' : 0));
+  }
   CHECK(std::memcmp(buf.data() + 100, "hello", 5) == 0);
+  owner->owner_thread(false);
 
   // Into another process, until it dies.
   int ready[2], done[2];
@@ -492,6 +500,7 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   pid = fork();
   if (pid == 0) {
     auto c = shm_nic(child);
+    c->owner_thread(true);
     static volatile uint8_t mem[64];
     c->expose(0x200, {3, const_cast<uint8_t *>(mem), 0, sizeof mem});
     c->set_gate(11, {3, 12, we});

@@ -107,6 +107,10 @@ class Nic {
   virtual void expose(uint32_t /*key*/, const Region &) {}
   virtual void withdraw(uint32_t /*key*/) {}
   virtual void set_gate(uint32_t /*tag*/, const Gate &) {}
+  // The context's long-lived thread (its progress thread) calls this with
+  // true when it starts and false before it ends: peers may place into
+  // this context only in between (they need a live target process).
+  virtual void owner_thread(bool /*start*/) {}
 };
 
 }  // namespace usrc::net

@@ -67,10 +67,10 @@ struct ShmGate {
 };
 struct ShmDirectory {
   static constexpr uint32_t kRegions = 4096, kGates = 1024;
-  // Locked by the thread that created the ring for as long as it lives
-  // (robust): a writer's failed trylock says, without a system call, that
-  // the pid below is still the owner's (the kernel marks the lock when
-  // that thread dies, before its pid can be reused).
+  // Locked by the owner's progress thread while it runs (robust): a
+  // writer's failed trylock says, without a system call, that the pid
+  // below is still the owner's (the kernel marks the lock when that
+  // thread dies, before its pid can be reused).
   pthread_mutex_t life;
   pthread_mutex_t mu;   // robust, process-shared
   int32_t pid;
@@ -308,7 +308,6 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   pthread_mutex_init(&r->dir.life, &ma);
   pthread_mutex_init(&r->dir.mu, &ma);
   pthread_mutexattr_destroy(&ma);
-  pthread_mutex_lock(&r->dir.life);
   r->dir.pid = getpid();
   r->version = kVersion;
   r->nslots = kSlots;
@@ -330,7 +329,6 @@ ShmNic::~ShmNic() {
   own_->alive.store(0, std::memory_order_release);
   // No writer is inside (they hold mu) or gets in after this (alive 0).
   if (lock(own_->dir.mu)) pthread_mutex_unlock(&own_->dir.mu);
-  pthread_mutex_unlock(&own_->dir.life);   // (fails if another thread locked it: no matter)
   unmap(own_);
   shm_unlink(name_.c_str());
   untrack_owned(own_fd_);
@@ -403,6 +401,18 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
   }
   pthread_mutex_unlock(&d.mu);
   return ok;
+}
+
+// A held robust mutex sits on its holder thread's robust list until it is
+// unlocked: the holder must unlock it before the ring is unmapped, hence
+// the progress thread, which the context joins before it closes the NIC.
+void ShmNic::owner_thread(bool start) {
+  if (!start) {
+    pthread_mutex_unlock(&own_->dir.life);
+    return;
+  }
+  if (pthread_mutex_lock(&own_->dir.life) == EOWNERDEAD)   // (a writer that died holding it)
+    pthread_mutex_consistent(&own_->dir.life);
 }
 
 void ShmNic::expose(uint32_t key, const Region &m) {

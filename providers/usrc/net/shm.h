@@ -54,6 +54,7 @@ class ShmNic final : public Nic {
   void expose(uint32_t key, const Region &r) override;
   void withdraw(uint32_t key) override;
   void set_gate(uint32_t tag, const Gate &g) override;
+  void owner_thread(bool start) override;
 
   // The ring's name for an endpoint in this user's and namespace's space.
   static std::string ring_name(Endpoint e);

@@ -38,6 +38,7 @@ class TraceNic final : public Nic {
   void expose(uint32_t key, const Region &r) override { inner_->expose(key, r); }
   void withdraw(uint32_t key) override { inner_->withdraw(key); }
   void set_gate(uint32_t tag, const Gate &g) override { inner_->set_gate(tag, g); }
+  void owner_thread(bool start) override { inner_->owner_thread(start); }
 
  private:
   TraceNic(std::unique_ptr<Nic> inner, FILE *f) : inner_(std::move(inner)), f_(f) {}

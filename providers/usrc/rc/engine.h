@@ -91,6 +91,10 @@ class Engine {
   // poll that finds that completion should still receive (the peer's
   // notices and ACKs), as an empty poll would. Read without the lock.
   std::atomic<bool> placed_since_pass{false};
+  // Calls to poll a CQ of this context (a heuristic, racy by design): an
+  // application that polls between two posts on a QP waits for each one.
+  std::atomic<uint32_t> polls{0};
+  void note_poll() { polls.store(polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   uint32_t slot() const { return slot_; }
   uint32_t max_window = 64;       // cap for new QPs (from the socket buffer)
 
@@ -100,7 +104,7 @@ class Engine {
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
-  void update_gate(Qp &qp);
+  void update_gate(Qp &qp, bool live = true);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
   bool ack_through(Qp &qp, uint32_t psn);

@@ -86,6 +86,7 @@ struct Qp {
   uint32_t sq_cap = 1;         // WQEs the application may have outstanding
   uint32_t placed = 0;         // placed WQEs in the SQ (completed, not yet ACKed)
   bool gate_open = false;      // peers on this host may place into our memory
+  uint32_t polls_at_post = ~0u;   // Engine::polls at the last post_send
   // Room for this many more send WRs (placed ones do not count).
   uint32_t send_room() const {
     const uint64_t busy = sq.tail - sq.head - placed;

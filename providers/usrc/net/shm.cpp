@@ -21,7 +21,7 @@ namespace usrc::net {
 namespace {
 
 constexpr uint64_t kMagic = 0x31676e6972637375ull;   // "usrcring1"-ish, little-endian
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kMask = ShmNic::kSlots - 1;
 static_assert((ShmNic::kSlots & kMask) == 0, "a power of two");
 // The doorbell: a UDP datagram too short to be an IBA packet.
@@ -36,7 +36,9 @@ uint64_t coarse_ns() {
 
 }  // namespace
 
-// One datagram. `seq` is stored less the slot's index, so that the zero
+// One datagram, or several of one segmented send (a UDP GSO send's
+// worth, as many as fit): claiming and publishing a slot, and the cache
+// lines they move between the cores, then cost once per slot. `seq` is stored less the slot's index, so that the zero
 // pages of a fresh ring are its initial state (slot i free for position i)
 // and creating a ring touches none of them.
 struct ShmSlot {
@@ -45,7 +47,7 @@ struct ShmSlot {
   uint32_t len;
   uint32_t src_ip;
   uint16_t src_port;
-  uint16_t reserved;
+  uint16_t seg;   // 0: one datagram; else datagrams of seg bytes (the last may be shorter)
   alignas(64) uint8_t data[ShmNic::kSlotData];
 };
 
@@ -456,9 +458,10 @@ void ShmNic::set_gate(uint32_t tag, const Gate &g) {
   pthread_mutex_unlock(&d.mu);
 }
 
-// Copies the next len bytes at the iovec cursor into a claimed slot; the
-// cursor moves past them whether or not a slot was free.
-bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len) {
+// Copies the next len bytes at the iovec cursor into a claimed slot, as
+// datagrams of seg bytes (0: one datagram); the cursor moves past them
+// whether or not a slot was free.
+bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg) {
   ShmSlot *s = nullptr;
   uint64_t pos = r.tail.load(std::memory_order_relaxed), idx = 0;
   bool claimed = false;
@@ -496,6 +499,7 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
   s->len = static_cast<uint32_t>(len);
   s->src_ip = src.ip;
   s->src_port = src.port;
+  s->seg = static_cast<uint16_t>(seg < len ? seg : 0);
   set_seq(*s, idx, pos + 1);
   return true;
 }
@@ -533,11 +537,13 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
     size_t total = 0;
     for (size_t i = 0; i < p.iovcnt; i++) total += p.iov[i].iov_len;
     const size_t seg = p.segs > 1 && p.gso_size ? p.gso_size : total;
+    // As many whole segments per slot as fit.
+    const size_t chunk = seg <= kSlotData ? kSlotData / seg * seg : seg;
     const iovec *iov = p.iov;
     size_t off = 0;
     for (size_t left = total; left;) {
-      const size_t len = std::min(seg, left);
-      sent += push(*r, src, iov, off, len);
+      const size_t len = std::min(chunk, left);
+      if (push(*r, src, iov, off, len, seg)) sent += (len + seg - 1) / seg;
       left -= len;
     }
   }
@@ -583,13 +589,24 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
       continue;
     }
     stuck_since_ = stuck_polls_ = 0;
-    const uint32_t len = s.len;
-    head++;
+    const uint32_t len = s.len, seg = s.seg;
     if (len > kSlotData) {   // not from one of us: handed out empty (malformed_drops)
+      head++;
       out[k++] = {{s.src_ip, s.src_port}, s.data, 0, true};
       continue;
     }
-    out[k++] = {{s.src_ip, s.src_port}, s.data, len, true};
+    if (seg == 0) {
+      head++;
+      out[k++] = {{s.src_ip, s.src_port}, s.data, len, true};
+      continue;
+    }
+    // Several datagrams: as many as the batch takes; the slot stays at the
+    // head (not freed) until its last one is handed out.
+    for (; seg_off_ < len && k < ring_max; seg_off_ += seg)
+      out[k++] = {{s.src_ip, s.src_port}, s.data + seg_off_, std::min(seg, len - seg_off_), true};
+    if (seg_off_ < len) break;
+    seg_off_ = 0;
+    head++;
   }
   head_.store(head, std::memory_order_relaxed);
   if (!udp || k == out.size()) return k;

@@ -70,7 +70,7 @@ class ShmNic final : public Nic {
   ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
   Peer *find_peer(Endpoint e);
   ShmRing *peer_ring(Endpoint e);
-  bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len);
+  bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
   std::unique_ptr<Nic> inner_;
@@ -84,6 +84,7 @@ class ShmNic final : public Nic {
   // from the progress thread, hence atomic.
   std::atomic<uint64_t> head_{0};
   uint64_t released_ = 0;          // slots handed out before head_ not yet freed
+  uint32_t seg_off_ = 0;           // datagrams of the head slot handed out (bytes)
   uint64_t stuck_since_ = 0;       // when the head slot was first seen claimed, unpublished
   uint32_t stuck_polls_ = 0;
   // The UDP socket is looked at on every call while it carries traffic

@@ -1387,3 +1387,93 @@ TEST_CASE("small RDMA WRITEs from another process: every byte lands; after dereg
   CHECK(std::all_of(dst.begin(), dst.end(), [](uint8_t x) { return x == 0; }));
   for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
+
+// A placed WRITE completes when its data lands; if the target then never
+// acknowledges its notice (here: the target process is stopped), the QP
+// fails with an async event, not with an error completion for that WRITE.
+TEST_CASE("a placed WRITE whose target stops answering: success, then QP_FATAL and flushes", "[verbs]") {
+  int to_child[2], to_parent[2];
+  REQUIRE(pipe(to_child) == 0);
+  REQUIRE(pipe(to_parent) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {   // the target
+    int rc = 1;
+    {
+      Dev d;
+      static uint8_t mem[64];
+      ibv_mr *m = ibv_reg_mr(d.pd, mem, sizeof mem, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+      Qp q(d, 4);
+      uint32_t peer = 0, my = q.qp->qp_num;
+      uint64_t va = uintptr_t(mem);
+      if (write(to_parent[1], &my, 4) == 4 && write(to_parent[1], &va, 8) == 8 &&
+          write(to_parent[1], &m->rkey, 4) == 4 && read(to_child[0], &peer, 4) == 4) {
+        connect(d, q, peer, Params{});
+        char x = 1;
+        (void)!write(to_parent[1], &x, 1);
+        if (read(to_child[0], &x, 1) == 1)   // after SIGSTOP, SIGCONT
+          rc = std::memcmp(mem, "placed!", 7) == 0 ? 0 : 3;
+      }
+      ibv_dereg_mr(m);
+    }
+    _exit(rc);
+  }
+  Dev d;
+  Qp q(d, 4);
+  uint32_t child = 0, rkey = 0;
+  uint64_t va = 0;
+  REQUIRE(read(to_parent[0], &child, 4) == 4);
+  REQUIRE(read(to_parent[0], &va, 8) == 8);
+  REQUIRE(read(to_parent[0], &rkey, 4) == 4);
+  Params p;
+  p.timeout = 8;   // about 1 ms
+  p.retry = 1;
+  connect(d, q, child, p);
+  const uint32_t mine = q.qp->qp_num;
+  REQUIRE(write(to_child[1], &mine, 4) == 4);
+  char x = 0;
+  REQUIRE(read(to_parent[0], &x, 1) == 1);
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, WUNTRACED) == pid);   // stopped, every thread
+  REQUIRE(WIFSTOPPED(status));
+  static char src[8] = "placed!";
+  ibv_mr *m = ibv_reg_mr(d.pd, src, sizeof src, 0);
+  ibv_sge s{uintptr_t(src), 7, m->lkey};
+  REQUIRE(post_send(q.qp, 1, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, va, rkey) == 0);
+  auto wc = poll(q.cq, 1);
+  REQUIRE(wc.size() == 1);
+  // Not placed (no shared memory: USRC_SHM=0, another backend), the WRITE
+  // waits for the stopped target's ACK and fails with RETRY_EXC_ERR.
+  // USRC_TEST_PLACED: the caller knows placement is on.
+  if (getenv("USRC_TEST_PLACED")) CHECK(wc[0].status == IBV_WC_SUCCESS);
+  else CHECK((wc[0].status == IBV_WC_SUCCESS || wc[0].status == IBV_WC_RETRY_EXC_ERR));
+  const bool placed = wc[0].status == IBV_WC_SUCCESS;
+  if (!placed) WARN("the WRITE was not placed directly: RETRY_EXC_ERR");
+  if (placed) {
+    pollfd pf{d.ctx->async_fd, POLLIN, 0};
+    REQUIRE(::poll(&pf, 1, 10000) == 1);
+    ibv_async_event ev{};
+    REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
+    CHECK(ev.event_type == IBV_EVENT_QP_FATAL);
+    ibv_ack_async_event(&ev);
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    REQUIRE(ibv_query_qp(q.qp, &qa, IBV_QP_STATE, &qi) == 0);
+    CHECK(qa.qp_state == IBV_QPS_ERR);
+    REQUIRE(post_send(q.qp, 2, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED, va, rkey) == 0);
+    wc = poll(q.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(wc[0].status == IBV_WC_WR_FLUSH_ERR);
+  }
+  REQUIRE(kill(pid, SIGCONT) == 0);
+  REQUIRE(write(to_child[1], &x, 1) == 1);
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  // Placed, the data had landed. (Sent, it may land once the target runs
+  // again and reads its socket.)
+  if (placed) CHECK(WEXITSTATUS(status) == 0);
+  else CHECK((WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 3));
+  ibv_dereg_mr(m);
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
+}

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -75,7 +76,13 @@ struct ShmDirectory {
   // thread dies, before its pid can be reused).
   pthread_mutex_t life;
   pthread_mutex_t mu;   // robust, process-shared
+  // The owner process: its pid means something only in its pid namespace
+  // (containers may share /dev/shm and the network namespace, not pids);
+  // `self` tells the owner's own process apart (pids may be equal across
+  // namespaces).
   int32_t pid;
+  uint64_t pidns_dev, pidns_ino;
+  uint64_t self;
   ShmRegion regions[kRegions];
   ShmGate gates[kGates];
 };
@@ -130,6 +137,33 @@ static bool owner_alive(ShmDirectory &d) {
   if (e == EOWNERDEAD) pthread_mutex_consistent(&d.life);
   if (e == 0 || e == EOWNERDEAD) pthread_mutex_unlock(&d.life);
   return false;
+}
+
+static void pid_namespace(uint64_t *dev, uint64_t *ino) {
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) != 0) st = {};
+  *dev = st.st_dev;
+  *ino = st.st_ino;
+}
+
+// This process, among all that share the ring files: random, drawn anew
+// in a child of fork.
+namespace {
+std::atomic<uint64_t> self_token{0};
+void new_self() {
+  uint64_t t = 0;
+  while (!t && getrandom(&t, sizeof t, 0) != sizeof t) {
+  }
+  self_token.store(t ? t : 1, std::memory_order_relaxed);
+}
+}  // namespace
+static uint64_t process_self() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    new_self();
+    pthread_atfork(nullptr, nullptr, new_self);
+  });
+  return self_token.load(std::memory_order_relaxed);
 }
 
 // "/usrc.<uid>.<netns inode>.": the rings this process may talk to.
@@ -326,6 +360,8 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   pthread_mutex_init(&r->dir.mu, &ma);
   pthread_mutexattr_destroy(&ma);
   r->dir.pid = getpid();
+  pid_namespace(&r->dir.pidns_dev, &r->dir.pidns_ino);
+  r->dir.self = process_self();
   r->version = kVersion;
   r->nslots = kSlots;
   r->slot_size = sizeof(ShmSlot);
@@ -336,6 +372,7 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
 
 ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name)
     : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
+  pid_namespace(&pidns_dev_, &pidns_ino_);
   track_owned(own_fd_);
   udp_tx_.reserve(64);
 }
@@ -405,15 +442,16 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
       g.peer_tag == my_tag && g.peer == inner_->local() && m.domain == g.domain &&
       m.key == key && at >= m.base && len <= m.len && at - m.base <= m.len - len) {
     auto *to = reinterpret_cast<uint8_t *>(m.addr + (at - m.base));
-    if (d.pid == pid_) {   // a context of this process
+    if (d.self == process_self()) {   // a context of this process
       for (size_t i = 0; i < iovcnt; to += iov[i].iov_len, i++)
         std::memcpy(to, iov[i].iov_base, iov[i].iov_len);
       ok = true;
-    } else if (owner_alive(d)) {
+    } else if (d.pidns_dev == pidns_dev_ && d.pidns_ino == pidns_ino_ && owner_alive(d)) {
       const iovec remote{to, len};
-      ok = process_vm_writev(d.pid, iov, iovcnt, &remote, 1, 0) == ssize_t(len);
+      const ssize_t n = process_vm_writev(d.pid, iov, iovcnt, &remote, 1, 0);
+      ok = n == ssize_t(len);
       // Not allowed to (Yama's ptrace_scope, a seccomp filter): not again.
-      if (!ok && (errno == EPERM || errno == ENOSYS)) p->no_place = true;
+      if (n < 0 && (errno == EPERM || errno == ENOSYS)) p->no_place = true;
     }
   }
   pthread_mutex_unlock(&d.mu);
@@ -536,6 +574,7 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
     const Endpoint src{me.ip, p.src_port ? p.src_port : me.port};
     size_t total = 0;
     for (size_t i = 0; i < p.iovcnt; i++) total += p.iov[i].iov_len;
+    if (!total) continue;   // (no such datagram: nothing to copy)
     const size_t seg = p.segs > 1 && p.gso_size ? p.gso_size : total;
     // As many whole segments per slot as fit.
     const size_t chunk = seg <= kSlotData ? kSlotData / seg * seg : seg;

@@ -78,6 +78,7 @@ class ShmNic final : public Nic {
   int own_fd_;   // holds the owner's lock
   std::string name_;
   const int pid_;
+  uint64_t pidns_dev_ = 0, pidns_ino_ = 0;   // our pid namespace
   std::vector<Peer> peers_;
   size_t last_peer_ = 0;
   // Consumer state (under the engine lock); head_ is read by prepare_wait()

@@ -181,6 +181,7 @@ class XdpNic final : public Nic {
                     static_cast<uint16_t>(f[34] << 8 | f[35])};
       out[n].data = f + kHdr;
       out[n].len = tot - 28;
+      out[n].trusted = false;
       n++;
     }
     held_ = take;

@@ -144,8 +144,16 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
 }
 
 // RDMA READ response packets, in PSN order (IBA 9.7.5.1.4).
+// A READ response or ATOMIC ACK beyond una acknowledges the requests
+// before it (IBA 9.7.5.1.2: ACKs may be coalesced into later responses);
+// the responder sends its ACK for them after the responses of the pass.
+void Engine::implied_ack(Qp &qp, uint32_t psn) {
+  if (psn_lt(qp.una_psn, psn) && psn_lt(psn, qp.tx_high)) ack_through(qp, psn_add(psn, kPsnMask));
+}
+
 void Engine::read_response(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
+  implied_ack(qp, psn);
   if (psn != qp.una_psn) {
     if (psn_lt(qp.una_psn, psn)) implied_nak(qp);   // earlier responses lost
     else count(Counter::duplicates);                // already have it
@@ -194,6 +202,7 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
 // ATOMIC ACKNOWLEDGE: the original value of the remote word (IBA 9.4.5).
 void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
+  implied_ack(qp, psn);
   if (psn != qp.una_psn) {
     if (psn_lt(qp.una_psn, psn)) implied_nak(qp);
     else count(Counter::duplicates);
@@ -217,11 +226,14 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
 // The WQE at the head failed: complete it with st, then the QP goes to the
 // Error state and everything behind it is flushed (IBA 10.8.3).
 void Engine::fail_head(Qp &qp, WcStatus st) {
-  // Placed WQEs completed successfully (their data is in place): the
-  // error belongs to the first one that was not.
-  while (!qp.sq.empty() && qp.sq.at(qp.sq.head).placed) {
-    qp.placed--;
-    qp.sq.head++;
+  if (!qp.sq.empty() && qp.sq.at(qp.sq.head).placed) {
+    // The failure is a placed WRITE's notice (its peer went away before
+    // acknowledging it): that WRITE completed when its data landed, so
+    // no completion carries the error. The QP fails (the rest flushed)
+    // and says so with an async event.
+    set_state(qp, QpState::err);
+    if (hooks_) hooks_->qp_event(qp, QpEvent::fatal);
+    return;
   }
   if (!qp.sq.empty()) {
     SendWqe &w = qp.sq.at(qp.sq.head);

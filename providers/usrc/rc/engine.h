@@ -90,7 +90,7 @@ class Engine {
   // A post completed a WQE by placing it since the last progress pass: a
   // poll that finds that completion should still receive (the peer's
   // notices and ACKs), as an empty poll would. Read without the lock.
-  std::atomic<bool> placed_since_pass{false};
+  alignas(64) std::atomic<bool> placed_since_pass{false};
   // Calls to poll a CQ of this context (a heuristic, racy by design): an
   // application that polls between two posts on a QP waits for each one.
   std::atomic<uint32_t> polls{0};
@@ -110,6 +110,7 @@ class Engine {
   bool ack_through(Qp &qp, uint32_t psn);
   void read_response(Qp &qp, const struct PacketView &p);
   void atomic_ack(Qp &qp, const struct PacketView &p);
+  void implied_ack(Qp &qp, uint32_t psn);
   void complete_head(Qp &qp);
   void advanced(Qp &qp);
   void implied_nak(Qp &qp);
@@ -199,8 +200,8 @@ class Engine {
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
-  const bool icrc_local_;
-  const uint64_t direct_max_;    // USRC_DIRECT_WRITE        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
+  const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
+  const uint64_t direct_max_;    // USRC_DIRECT_WRITE
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

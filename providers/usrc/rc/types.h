@@ -19,10 +19,10 @@ constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout
 // share one receiver's socket buffer. The Local ACK Timeout, and a second
 // retransmission-timer expiry without progress, go down to kMinWindow.
 constexpr uint32_t kLossWindow = 32;
-constexpr uint32_t kMaxGsoBytes = 65507;
+constexpr uint32_t kMaxGsoBytes = 65507;     // UDP payload of one IPv4 datagram (GSO send)
 // Send WQEs placed directly in a same-host peer's memory (Engine::post_send)
 // and completed, but not yet acknowledged, held beyond the SQ's capacity.
-constexpr uint32_t kPlacedSlack = 8;     // UDP payload of one IPv4 datagram (GSO send)
+constexpr uint32_t kPlacedSlack = 8;
 
 enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };
 

@@ -351,7 +351,10 @@ void Context::kick() {
   }
 }
 
-void Context::note_app_poll() { app_polled_.store(now_ns(), std::memory_order_relaxed); }
+void Context::found_completions() {
+  if (engine_->placed_since_pass.load(std::memory_order_relaxed)) return try_progress();
+  app_polled_.store(now_ns(), std::memory_order_relaxed);
+}
 
 void Context::try_progress() {
   const uint64_t now = now_ns();

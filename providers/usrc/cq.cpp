@@ -148,15 +148,7 @@ int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
     cq->ctx->try_progress();
     n = drain(cq, ne, wc);
   } else if (cq->chan_wfd < 0) {
-    // A CQ without a completion channel is only ever polled: this caller
-    // polls in a loop even if it never finds the CQ empty (the progress
-    // thread may have filled it each time), and receives itself from now.
-    // A completion made at post time (a placed RDMA WRITE) came without a
-    // pass: receive now, as an empty poll would.
-    if (cq->ctx->engine().placed_since_pass.load(std::memory_order_relaxed))
-      cq->ctx->try_progress();
-    else
-      cq->ctx->note_app_poll();
+    cq->ctx->found_completions();
   }
   if (cq->ring.fired() && cq->ring.empty()) withdraw_event(cq);
   return n;
@@ -200,11 +192,7 @@ int start_poll(ibv_cq_ex *x, ibv_poll_cq_attr *attr) {
   cq->poll_mu.lock();
   cq->ctx->engine().note_poll();
   if (take(x)) {
-    if (cq->chan_wfd >= 0) return 0;   // (as in poll_cq)
-    if (cq->ctx->engine().placed_since_pass.load(std::memory_order_relaxed))
-      cq->ctx->try_progress();
-    else
-      cq->ctx->note_app_poll();
+    if (cq->chan_wfd < 0) cq->ctx->found_completions();   // (as in poll_cq)
     return 0;
   }
   cq->ctx->try_progress();

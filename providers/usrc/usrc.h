@@ -115,9 +115,13 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   void kick();
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   void try_progress();
-  // The application polled a CQ and found completions: it polls, as far as
-  // the progress thread is concerned (see progress_loop).
-  void note_app_poll();
+  // The application polled a CQ without a completion channel and found
+  // completions. Such a CQ is only ever polled: the caller polls in a loop
+  // even if it never finds the CQ empty (the progress thread may have
+  // filled it each time), and receives itself from now (see
+  // progress_loop). A completion made at post time (a placed RDMA WRITE)
+  // came without a pass: receive now, as an empty poll would.
+  void found_completions();
   void async_event(void *element, ibv_event_type type);
   // The port follows the netdev: ACTIVE while it is up and running.
   bool port_up() const { return port_up_.load(std::memory_order_relaxed); }

@@ -107,13 +107,16 @@ static void set_seq(ShmSlot &s, uint64_t idx, uint64_t v) {
   s.seq.store(v - idx, std::memory_order_release);
 }
 
-// The directory's mutex; false only if it is unusable (a holder died in a
-// way that left it unrecoverable).
-static bool lock(pthread_mutex_t &m) {
-  const int e = pthread_mutex_lock(&m);
+// A robust mutex's lock result: taken (a holder that died leaves it to us,
+// consistent again), or not.
+static bool taken(pthread_mutex_t &m, int e) {
   if (e == EOWNERDEAD) pthread_mutex_consistent(&m);
   return e == 0 || e == EOWNERDEAD;
 }
+
+// The directory's mutex; false only if it is unusable (a holder died in a
+// way that left it unrecoverable).
+static bool lock(pthread_mutex_t &m) { return taken(m, pthread_mutex_lock(&m)); }
 
 // A writer waits a little, not for ever: a target stopped while it held
 // the lock (a debugger) must not hang our post_send. It then sends instead.
@@ -126,16 +129,14 @@ static bool lock_briefly(pthread_mutex_t &m) {
     if (t.tv_nsec >= 1'000'000'000) t.tv_sec++, t.tv_nsec -= 1'000'000'000;
     e = pthread_mutex_timedlock(&m, &t);
   }
-  if (e == EOWNERDEAD) pthread_mutex_consistent(&m);
-  return e == 0 || e == EOWNERDEAD;
+  return taken(m, e);
 }
 
 // The owner's progress thread holds its life lock (ShmNic::owner_thread).
 static bool owner_alive(ShmDirectory &d) {
   const int e = pthread_mutex_trylock(&d.life);
   if (e == EBUSY) return true;
-  if (e == EOWNERDEAD) pthread_mutex_consistent(&d.life);
-  if (e == 0 || e == EOWNERDEAD) pthread_mutex_unlock(&d.life);
+  if (taken(d.life, e)) pthread_mutex_unlock(&d.life);
   return false;
 }
 
@@ -372,7 +373,6 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
 
 ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name)
     : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
-  pid_namespace(&pidns_dev_, &pidns_ino_);
   track_owned(own_fd_);
   udp_tx_.reserve(64);
 }
@@ -416,8 +416,7 @@ void ShmNic::add_peer(Endpoint e) {
   p->no_place = false;
 }
 
-ShmRing *ShmNic::peer_ring(Endpoint e) {
-  Peer *p = find_peer(e);
+ShmRing *ShmNic::ring_of(Peer *p) {
   if (!p || !p->ring) return nullptr;
   if (p->owned && !p->ring->alive.load(std::memory_order_relaxed)) {
     // The peer closed (or a new owner of its endpoint retired the ring):
@@ -430,8 +429,8 @@ ShmRing *ShmNic::peer_ring(Endpoint e) {
 
 bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
                    const iovec *iov, size_t iovcnt, size_t len) {
-  ShmRing *r = peer_ring(dst);
   Peer *p = find_peer(dst);
+  ShmRing *r = ring_of(p);
   if (!r || p->no_place) return false;
   ShmDirectory &d = r->dir;
   if (!lock_briefly(d.mu)) return false;
@@ -446,7 +445,8 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
       for (size_t i = 0; i < iovcnt; to += iov[i].iov_len, i++)
         std::memcpy(to, iov[i].iov_base, iov[i].iov_len);
       ok = true;
-    } else if (d.pidns_dev == pidns_dev_ && d.pidns_ino == pidns_ino_ && owner_alive(d)) {
+    } else if (d.pidns_dev == own_->dir.pidns_dev && d.pidns_ino == own_->dir.pidns_ino &&
+               owner_alive(d)) {   // (our own ring's: our pid namespace)
       const iovec remote{to, len};
       const ssize_t n = process_vm_writev(d.pid, iov, iovcnt, &remote, 1, 0);
       ok = n == ssize_t(len);
@@ -462,12 +462,8 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
 // unlocked: the holder must unlock it before the ring is unmapped, hence
 // the progress thread, which the context joins before it closes the NIC.
 void ShmNic::owner_thread(bool start) {
-  if (!start) {
-    pthread_mutex_unlock(&own_->dir.life);
-    return;
-  }
-  if (pthread_mutex_lock(&own_->dir.life) == EOWNERDEAD)   // (a writer that died holding it)
-    pthread_mutex_consistent(&own_->dir.life);
+  if (!start) pthread_mutex_unlock(&own_->dir.life);
+  else lock(own_->dir.life);   // (held for a moment by a writer, or left by one that died)
 }
 
 void ShmNic::expose(uint32_t key, const Region &m) {
@@ -563,7 +559,7 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
   ShmRing *run = nullptr;   // the ring the last datagrams went to
   Endpoint run_dst{};
   for (const TxPacket &p : pkts) {
-    ShmRing *r = peer_ring(p.dst);
+    ShmRing *r = ring_of(find_peer(p.dst));
     if (r != run && run) ring_if_asleep(*run, run_dst);
     run = r;
     run_dst = p.dst;

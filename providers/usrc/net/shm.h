@@ -69,7 +69,7 @@ class ShmNic final : public Nic {
   };
   ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
   Peer *find_peer(Endpoint e);
-  ShmRing *peer_ring(Endpoint e);
+  ShmRing *ring_of(Peer *p);   // the peer's ring if it is still open
   bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
@@ -78,7 +78,6 @@ class ShmNic final : public Nic {
   int own_fd_;   // holds the owner's lock
   std::string name_;
   const int pid_;
-  uint64_t pidns_dev_ = 0, pidns_ino_ = 0;   // our pid namespace
   std::vector<Peer> peers_;
   size_t last_peer_ = 0;
   // Consumer state (under the engine lock); head_ is read by prepare_wait()

@@ -61,12 +61,6 @@ class Engine {
   void set_state(Qp &qp, QpState s);
   void set_sq_psn(Qp &qp, uint32_t psn);
   void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & 0xffffff; }
-  // Memory a same-host peer may place RDMA WRITEs into (net::Nic::place):
-  // a registration with remote write access, and its end.
-  void expose(uint32_t rkey, const void *pd, uint8_t *addr, uint64_t iova, uint64_t len) {
-    nic_->expose(rkey, {reinterpret_cast<uint64_t>(pd), addr, iova, len});
-  }
-  void withdraw(uint32_t rkey) { nic_->withdraw(rkey); }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
   int post_recv(Qp &qp, const RecvWr &wr);

@@ -110,39 +110,31 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   bool last = k + 1 == w.npkts;
 
   wire::Headers h;
-  if (is_rd_atomic(w.wr.opcode)) {
-    h.bth.opcode = static_cast<uint8_t>(request_opcode(w, 0));
-    h.bth.pkey = 0xffff;
-    h.bth.dest_qp = qp.dest_qpn;
-    h.bth.psn = psn;
+  h.bth.pkey = 0xffff;
+  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.psn = psn;
+  if (is_rd_atomic(w.wr.opcode) || w.placed) {
+    // A request without payload, answered on its own.
     h.bth.ack_req = true;
-    // A READ asked for in pieces, or resent from a response gap, asks for
-    // the bytes of PSNs [psn, next).
-    uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.pmtu, w.length);
-    h.reth = {w.wr.remote_va + off, w.wr.rkey, end - std::min(off, end)};
-    h.atomic = {w.wr.remote_va, w.wr.rkey, w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap
-                                                                                    : w.wr.compare_add,
-                w.wr.compare_add};
-    TxSlot &s = tx_slot();
-    tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
-    return;
-  }
-  if (w.placed) {
-    // The data is there already: the notice takes the PSN (and the ACK).
-    h.bth.opcode = static_cast<uint8_t>(Opcode::USRC_WRITE_PLACED);
-    h.bth.pkey = 0xffff;
-    h.bth.dest_qp = qp.dest_qpn;
-    h.bth.psn = psn;
-    h.bth.ack_req = true;
-    h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
+    if (w.placed) {
+      // The data is there already: the notice takes the PSN (and the ACK).
+      h.bth.opcode = static_cast<uint8_t>(Opcode::USRC_WRITE_PLACED);
+      h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
+    } else {
+      h.bth.opcode = static_cast<uint8_t>(request_opcode(w, 0));
+      // A READ asked for in pieces, or resent from a response gap, asks for
+      // the bytes of PSNs [psn, next).
+      uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.pmtu, w.length);
+      h.reth = {w.wr.remote_va + off, w.wr.rkey, end - std::min(off, end)};
+      h.atomic = {w.wr.remote_va, w.wr.rkey,
+                  w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap : w.wr.compare_add,
+                  w.wr.compare_add};
+    }
     TxSlot &s = tx_slot();
     tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
     return;
   }
   h.bth.opcode = static_cast<uint8_t>(request_opcode(w, k));
-  h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
-  h.bth.psn = psn;
   h.bth.se = last && (w.wr.flags & kSolicited);
   // AckReq on the last packet of a message, and every ack_every packets so
   // that the window keeps moving during long messages.

@@ -73,6 +73,11 @@ class Nic {
   virtual size_t recv(std::span<RxPacket> out) = 0;
   // The most datagrams one TxPacket may carry (1: no segmentation offload).
   virtual uint32_t gso_segments() const { return 1; }
+  // Sending to dst costs no system call (a shared-memory ring): a stream's
+  // packets may then go out in small batches as they are posted, so that
+  // the receiver works on them meanwhile, instead of all at the end of a
+  // burst of posts (where a sender that waits for their ACKs would stall).
+  virtual bool cheap_send(Endpoint) { return false; }
   // Datagrams already received from the kernel and not yet handed out by
   // recv() (the rest of a coalesced receive), which wait_fd() does not
   // show, or a stream whose next datagrams are likely waiting: call recv()

@@ -40,6 +40,7 @@ class ShmNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
+  bool cheap_send(Endpoint dst) override { return ring_of(find_peer(dst)) != nullptr; }
   bool rx_pending() const override;
   void add_peer(Endpoint e) override;
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }

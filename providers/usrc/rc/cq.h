@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "usrc/common/lock.h"
 #include "usrc/rc/types.h"
 
 namespace usrc::rc {
@@ -46,7 +47,7 @@ class Cq {
   void resize(uint32_t depth);  // fails silently if current entries do not fit
 
  private:
-  mutable std::mutex mu_;
+  mutable usrc::Lock mu_;
   std::vector<Completion> ring_;
   size_t head_ = 0, tail_ = 0;
   Arm arm_ = Arm::none;

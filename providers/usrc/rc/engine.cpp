@@ -93,6 +93,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.tx_pos = 0;
       qp.msn = 0;
       qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = false;
+      qp.tail_at_hold = ~0ull;
       qp.ack_deadline = qp.rnr_deadline = qp.rto_deadline = 0;
       qp.srtt = qp.rttvar = 0;
       qp.rtt_on = false;
@@ -223,10 +224,10 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   // Nothing in flight: send now (latency). Otherwise the ACKs on their way
   // back run the engine again (the application's poll or the progress
   // thread), which sends the batch: back-to-back posts leave in one
-  // sendmmsg.
+  // sendmmsg. Where sending is cheap, a batch of kTxEager goes at once.
   const bool in_flight = qp.una_psn != qp.tx_high;
   requester_tx(qp);
-  if (!in_flight) tx_flush();
+  if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
   return 0;
 }
 
@@ -300,13 +301,28 @@ size_t Engine::progress(bool app, uint64_t now) {
   for (Qp *qp : live_)
     if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
   // Only ACKs to send (no response, resend or request): hold them, not yet
-  // built, for the next transmit (the next post_send or progress).
-  if (app && !acks_held_ && tx_nslots_ == 0 && !ack_list_.empty()) {
+  // built, for the next transmit (the next post_send or progress), if
+  // their QPs answer what they receive (see replies()).
+  if (app && !acks_held_ && tx_nslots_ == 0 && !ack_list_.empty() && replies()) {
     acks_held_ = true;
     return received;
   }
   tx_flush();
   return received;
+}
+
+// Whether every QP with an ACK to send posted a send WR since the last
+// time this was asked: an application that answers each message (a
+// ping-pong) then posts its reply at once, and the ACK leaves with it. One
+// that only receives (the far end of a stream) gets no reply to wait for:
+// its ACKs go now, or the sender's window stalls on them.
+bool Engine::replies() {
+  bool all = true;
+  for (Qp *qp : ack_list_) {
+    all &= qp->sq.tail != qp->tail_at_hold;
+    qp->tail_at_hold = qp->sq.tail;
+  }
+  return all;
 }
 
 // One ACK per QP per transmit, however many requests asked for one, built

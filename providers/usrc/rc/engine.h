@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "usrc/common/lock.h"
 #include "usrc/device.h"
 #include "usrc/net/nic.h"
 #include "usrc/rc/qp.h"
@@ -45,7 +46,7 @@ class Engine {
          MemoryAccess *mem, EngineHooks *hooks);
   ~Engine();
 
-  std::mutex mu;
+  Lock mu;
 
   // --- everything below requires mu ---
   // A WR that failed local checks at post time: it completes with st and
@@ -134,6 +135,7 @@ class Engine {
   void tx_flush();    // the pending ACKs, then the batch
   void send_batch();  // the batch as it is
   void build_acks();
+  bool replies();
   void count(Counter c, uint64_t n = 1) { counters[static_cast<uint32_t>(c)] += n; }
   // The time for completion timestamps and timers: read once per progress
   // pass (a clock read per completion cost a few % of a core at 1 Mpps).
@@ -177,6 +179,9 @@ class Engine {
   // equal-sized packets on the same path becomes one segmented TxPacket (UDP
   // GSO) by extending the iovecs of the one before.
   static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
+  // Packets a post_send sends at once to a peer where that is cheap
+  // (net::Nic::cheap_send): about a shared-memory ring slot of 64 B sends.
+  static constexpr size_t kTxEager = 16;
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;

@@ -137,6 +137,7 @@ struct Qp {
   bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
+  uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)
   // Destroyed by the application but kept a little while to re-ACK
   // duplicates: the peer may not have our last ACK yet, and without it it
   // would retry until "retry exceeded" (the end of every pingpong).

@@ -412,10 +412,16 @@ uint32_t Context::add_mr(Mr *mr) {
   mrs_[key] = mr;
   return key;
 }
-void Context::remove_mr(uint32_t key) { mrs_.erase(key); }
+void Context::remove_mr(uint32_t key) {
+  mrs_.erase(key);
+  if (key == last_key_) last_key_ = 0, last_mr_ = nullptr;
+}
 Mr *Context::find_mr(uint32_t key) {
+  if (key == last_key_ && last_mr_) return last_mr_;
   auto it = mrs_.find(key);
-  return it == mrs_.end() ? nullptr : it->second;
+  if (it == mrs_.end()) return nullptr;
+  last_key_ = key;
+  return last_mr_ = it->second;
 }
 
 uint8_t *Context::resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,

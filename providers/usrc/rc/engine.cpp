@@ -14,8 +14,9 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
                MemoryAccess *mem, EngineHooks *hooks)
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
-      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), icrc_local_(Tunables::get().icrc_local != 0),
-      direct_max_(Tunables::get().direct_write) {
+      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()),
+      icrc_local_(tun_.icrc_local != 0), direct_max_(tun_.direct_write),
+      gso_segments_(nic_->gso_segments()) {
   ack_list_.reserve(64);
 }
 
@@ -186,7 +187,7 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   const bool placed = place(qp, wr, len);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   SendWqe &w = qp.sq.at(qp.sq.tail);
-  w.wr = wr;
+  copy_wr(w.wr, wr);
   w.length = static_cast<uint32_t>(len);
   w.placed = placed;
   if ((wr.flags & kInline) && !placed) {
@@ -260,7 +261,7 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   if (wr.num_sge > kMaxSge) return EINVAL;
   if (qp.rq.full()) return ENOMEM;
   RecvWqe &r = qp.rq.at(qp.rq.tail);
-  r.wr = wr;
+  copy_wr(r.wr, wr);
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
   r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
@@ -273,7 +274,7 @@ size_t Engine::progress(bool app, uint64_t now) {
   Pass pass(*this, now ? now : clock_());
   if (placed_since_pass.load(std::memory_order_relaxed))
     placed_since_pass.store(false, std::memory_order_relaxed);
-  const auto &t = Tunables::get();
+  const auto &t = tun_;
   net::RxPacket *pkts = rx_pkts_.data();
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());
   // Bounded work per call: at most four batches.
@@ -347,7 +348,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   // A sender on this host leaves the ICRC out (0, see tx_commit); one from
   // anywhere else, and any ICRC that is there, is verified.
   const bool no_icrc = v.p.icrc == 0 && nic_->same_host(pkt.src);
-  if (Tunables::get().icrc_check && !no_icrc) {
+  if (tun_.icrc_check && !no_icrc) {
     iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
     wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};
     ip.ip_id = v.p.h.bth.seg;   // its index in the sender's GSO send
@@ -426,27 +427,30 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // size (the last of a group may be shorter), and the group still fits one
   // UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
-  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < nic_->gso_segments() &&
+  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < gso_segments_ &&
                     grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
                     g->ttl == qp.ttl && g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;
   wire::set_seg(s.hdr, static_cast<uint8_t>(seg));
-  // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
-  const uint16_t sport = qp.sport ? qp.sport : nic_->local().port;
-  wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, sport, qp.peer.port};
-  ip.ip_id = seg;
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback.
   const bool icrc = !qp.local_path || icrc_local_;
+  // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
+  const auto pseudo = [&] {
+    wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, qp.sport ? qp.sport : nic_->local().port,
+                        qp.peer.port};
+    ip.ip_id = seg;
+    return ip;
+  };
   size_t n;
   if (pieces == 0) {
     // One buffer: headers [+ payload], pad, ICRC.
-    std::memset(s.hdr + hdr_len, 0, pad);
+    for (uint8_t i = 0; i < pad; i++) s.hdr[hdr_len + i] = 0;
     s.iov[0] = {s.hdr, hdr_len + pad};
-    wire::store_icrc(s.hdr + hdr_len + pad, icrc ? wire::icrc_ipv4(ip, s.iov, 1) : 0);
+    wire::store_icrc(s.hdr + hdr_len + pad, icrc ? wire::icrc_ipv4(pseudo(), s.iov, 1) : 0);
     s.iov[0].iov_len += wire::kIcrcLen;
     n = 1;
   } else {
@@ -455,7 +459,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     n = 1 + pieces;
     std::memset(s.trailer, 0, 4);
     if (pad) s.iov[n++] = {s.trailer, pad};
-    const uint32_t crc = icrc ? wire::icrc_ipv4(ip, s.iov, n) : 0;
+    const uint32_t crc = icrc ? wire::icrc_ipv4(pseudo(), s.iov, n) : 0;
     if (pad) {
       wire::store_icrc(s.trailer + pad, crc);
       s.iov[n - 1].iov_len = pad + wire::kIcrcLen;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "usrc/common/lock.h"
+#include "usrc/common/tunables.h"
 #include "usrc/device.h"
 #include "usrc/net/nic.h"
 #include "usrc/rc/qp.h"
@@ -199,8 +200,10 @@ class Engine {
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
+  const Tunables &tun_;
   const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
   const uint64_t direct_max_;    // USRC_DIRECT_WRITE
+  const uint32_t gso_segments_;  // the NIC's (fixed when it opened)
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

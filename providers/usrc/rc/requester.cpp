@@ -39,7 +39,7 @@ static Opcode request_opcode(const SendWqe &w, uint32_t k) {
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
-  uint32_t cap = Tunables::get().retransmit_cap;
+  uint32_t cap = tun_.retransmit_cap;
   while (qp.tx_psn != qp.next_psn && cap--) {
     const uint32_t wnd = qp.send_window();
     if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= wnd) break;
@@ -138,7 +138,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   h.bth.se = last && (w.wr.flags & kSolicited);
   // AckReq on the last packet of a message, and every ack_every packets so
   // that the window keeps moving during long messages.
-  uint32_t every = Tunables::get().ack_every;
+  const uint32_t every = tun_.ack_every;
   h.bth.ack_req = ack_req || last || (every && (psn % every) == 0);
   if (k == 0) h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
   h.imm_be = w.wr.imm_be;

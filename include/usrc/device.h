@@ -95,7 +95,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(implied_naks, "READ/ATOMIC response gaps: resent from the gap")           \
   X(tx_errors, "packets the NIC refused to send")                             \
   X(rto_resends, "resends on the adaptive retransmission timer (before the Local ACK Timeout)") \
-  X(direct_writes, "RDMA WRITEs placed directly in a same-host peer's memory")
+  X(direct_writes, "RDMA WRITEs placed directly in a same-host peer's memory") \
+  X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

@@ -73,8 +73,9 @@ static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova,
     // Same-host peers may write into it directly (net::Nic::place; not
     // ODP memory, which may have holes: those take the responder's
     // checks). The domain is the PD, as the QPs' gates give it.
-    if ((access & IBV_ACCESS_REMOTE_WRITE) && !mr->odp)
-      c.engine().nic().expose(key, {reinterpret_cast<uint64_t>(pd), addr, iova, length});
+    if ((access & IBV_ACCESS_REMOTE_WRITE) && !mr->odp &&
+        !c.engine().nic().expose(key, {reinterpret_cast<uint64_t>(pd), addr, iova, length}))
+      c.engine().counters[uint32_t(Counter::direct_unlisted)]++;
   }
   pd->users++;
   return &mr->vmr.ibmr;

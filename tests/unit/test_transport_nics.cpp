@@ -502,9 +502,20 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000 - 1));       // before it
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000 + 4092));    // past its end
   CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
+  // A key or tag whose table entry is another's is not listed (said so):
+  // it takes no placement, and the one listed keeps its entry.
+  CHECK_FALSE(owner->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));
+  CHECK_FALSE(owner->set_gate(5 + 1024, {7, 9, we}));
+  CHECK_FALSE(place(*w, 5 + 1024, 9, 0x100, 0x1000));
+  CHECK_FALSE(place(*w, 5, 9, 0x100 + 4096, 0x1000));
+  CHECK(owner->set_gate(5 + 1024, {}));   // shutting an unlisted gate leaves 5 open
+  REQUIRE(place(*w, 5, 9, 0x100, 0x1000 + 10));
+  std::fill(buf.begin(), buf.end(), 0);
   owner->withdraw(0x100);
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
-  owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()});
+  CHECK(owner->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));   // free now
+  owner->withdraw(0x100 + 4096);
+  CHECK(owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()}));
   owner->set_gate(5, {});
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
   CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));

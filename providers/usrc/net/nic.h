@@ -103,15 +103,18 @@ class Nic {
   // region `key` at [at, at+len), through dst's gate `tag` whose peer is
   // (our endpoint, my_tag); true if every byte landed, false if dst has no
   // such region or gate (or no way in): the caller then sends as usual.
-  // expose()/withdraw(), open_gate(): what peers may place into here; once
+  // expose()/withdraw(), set_gate(): what peers may place into here; once
   // withdraw() or a shut gate returns, no place() reaches that memory.
+  // expose() and opening a gate return false if the key or tag could not
+  // be listed (its entry in a fixed-size table is another's): peers then
+  // send to it as usual.
   virtual bool place(Endpoint /*dst*/, uint32_t /*tag*/, uint32_t /*my_tag*/, uint32_t /*key*/,
                      uint64_t /*at*/, const iovec * /*iov*/, size_t /*iovcnt*/, size_t /*len*/) {
     return false;
   }
-  virtual void expose(uint32_t /*key*/, const Region &) {}
+  virtual bool expose(uint32_t /*key*/, const Region &) { return true; }
   virtual void withdraw(uint32_t /*key*/) {}
-  virtual void set_gate(uint32_t /*tag*/, const Gate &) {}
+  virtual bool set_gate(uint32_t /*tag*/, const Gate &) { return true; }
   // The context's long-lived thread (its progress thread) calls this with
   // true when it starts and false before it ends: peers may place into
   // this context only in between (they need a live target process).

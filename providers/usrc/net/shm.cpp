@@ -466,13 +466,14 @@ void ShmNic::owner_thread(bool start) {
   else lock(own_->dir.life);   // (held for a moment by a writer, or left by one that died)
 }
 
-void ShmNic::expose(uint32_t key, const Region &m) {
+bool ShmNic::expose(uint32_t key, const Region &m) {
   ShmDirectory &d = own_->dir;
-  if (!lock(d.mu)) return;
+  if (!lock(d.mu)) return false;
   ShmRegion &e = d.regions[key % ShmDirectory::kRegions];
-  if (!e.domain || e.key == key)
-    e = {key, m.domain, reinterpret_cast<uint64_t>(m.addr), m.base, m.len};
+  const bool listed = !e.domain || e.key == key;
+  if (listed) e = {key, m.domain, reinterpret_cast<uint64_t>(m.addr), m.base, m.len};
   pthread_mutex_unlock(&d.mu);
+  return listed;
 }
 
 void ShmNic::withdraw(uint32_t key) {
@@ -483,13 +484,16 @@ void ShmNic::withdraw(uint32_t key) {
   pthread_mutex_unlock(&d.mu);
 }
 
-void ShmNic::set_gate(uint32_t tag, const Gate &g) {
+bool ShmNic::set_gate(uint32_t tag, const Gate &g) {
   ShmDirectory &d = own_->dir;
-  if (!lock(d.mu)) return;
+  if (!lock(d.mu)) return false;
   ShmGate &e = d.gates[tag % ShmDirectory::kGates];
+  bool listed = true;
   if (g.domain && (!e.domain || e.tag == tag)) e = {tag, g.peer_tag, g.peer, g.domain};
-  else if (!g.domain && e.domain && e.tag == tag) e = {};
+  else if (g.domain) listed = false;
+  else if (e.domain && e.tag == tag) e = {};
   pthread_mutex_unlock(&d.mu);
+  return listed;
 }
 
 // Copies the next len bytes at the iovec cursor into a claimed slot, as

@@ -52,9 +52,9 @@ class ShmNic final : public Nic {
   // with process_vm_writev (memcpy within one process).
   bool place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
              const iovec *iov, size_t iovcnt, size_t len) override;
-  void expose(uint32_t key, const Region &r) override;
+  bool expose(uint32_t key, const Region &r) override;
   void withdraw(uint32_t key) override;
-  void set_gate(uint32_t tag, const Gate &g) override;
+  bool set_gate(uint32_t tag, const Gate &g) override;
   void owner_thread(bool start) override;
 
   // The ring's name for an endpoint in this user's and namespace's space.

@@ -35,9 +35,9 @@ class TraceNic final : public Nic {
              const iovec *iov, size_t iovcnt, size_t len) override {
     return inner_->place(dst, tag, my_tag, key, at, iov, iovcnt, len);
   }
-  void expose(uint32_t key, const Region &r) override { inner_->expose(key, r); }
+  bool expose(uint32_t key, const Region &r) override { return inner_->expose(key, r); }
   void withdraw(uint32_t key) override { inner_->withdraw(key); }
-  void set_gate(uint32_t tag, const Gate &g) override { inner_->set_gate(tag, g); }
+  bool set_gate(uint32_t tag, const Gate &g) override { return inner_->set_gate(tag, g); }
   void owner_thread(bool start) override { inner_->owner_thread(start); }
 
  private:

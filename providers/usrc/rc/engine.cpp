@@ -134,8 +134,9 @@ void Engine::update_gate(Qp &qp, bool live) {
                      qp.state == QpState::sqd) &&
                     (qp.access & kAccessRemoteWrite) && qp.local_path && qp.pd;
   if (!open && !qp.gate_open) return;
-  nic_->set_gate(qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.dest_qpn, qp.peer}
-                              : net::Gate{});
+  const bool listed = nic_->set_gate(
+      qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.dest_qpn, qp.peer} : net::Gate{});
+  if (open && !listed && !qp.gate_open) count(Counter::direct_unlisted);   // once per opening
   qp.gate_open = open;
 }
 

@@ -1,5 +1,7 @@
 #include "usrc/wire/packet.h"
 
+#include <endian.h>
+
 #include <array>
 
 namespace usrc::wire {
@@ -83,15 +85,29 @@ constexpr bool rows_ok() {
 static_assert(rows_ok());
 static_assert(sizeof kRows / sizeof kRows[0] == 23 + 12 + 2 + 1, "RC, UC, UD, ours");
 
-// Big-endian field access.
+// Big-endian field access, a word at a time (the headers are on the
+// per-packet path: byte by byte was most of build_headers and parse).
 inline uint16_t get16(const uint8_t *p) { return uint16_t(p[0] << 8 | p[1]); }
-inline uint32_t get24(const uint8_t *p) { return uint32_t(p[0]) << 16 | uint32_t(p[1]) << 8 | p[2]; }
-inline uint32_t get32(const uint8_t *p) { return uint32_t(get16(p)) << 16 | get16(p + 2); }
-inline uint64_t get64(const uint8_t *p) { return uint64_t(get32(p)) << 32 | get32(p + 4); }
-inline void put16(uint8_t *p, uint16_t v) { p[0] = uint8_t(v >> 8); p[1] = uint8_t(v); }
+inline uint32_t get32(const uint8_t *p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return be32toh(v);
+}
+inline uint32_t get24(const uint8_t *p) { return uint32_t(p[0]) << 16 | get16(p + 1); }
+inline uint64_t get64(const uint8_t *p) {
+  uint64_t v;
+  __builtin_memcpy(&v, p, 8);
+  return be64toh(v);
+}
+inline void put32(uint8_t *p, uint32_t v) {
+  v = htobe32(v);
+  __builtin_memcpy(p, &v, 4);
+}
 inline void put24(uint8_t *p, uint32_t v) { p[0] = uint8_t(v >> 16); p[1] = uint8_t(v >> 8); p[2] = uint8_t(v); }
-inline void put32(uint8_t *p, uint32_t v) { put16(p, uint16_t(v >> 16)); put16(p + 2, uint16_t(v)); }
-inline void put64(uint8_t *p, uint64_t v) { put32(p, uint32_t(v >> 32)); put32(p + 4, uint32_t(v)); }
+inline void put64(uint8_t *p, uint64_t v) {
+  v = htobe64(v);
+  __builtin_memcpy(p, &v, 8);
+}
 
 }  // namespace
 
@@ -119,14 +135,13 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
   // BTH (IBA 9.2): opcode | SE M Pad(2) TVer(4) | P_Key | F B resv6 | DestQP
   //               | A resv7 | PSN
   uint8_t *p = out;
-  p[0] = h.bth.opcode;
-  p[1] = uint8_t((h.bth.se ? 0x80 : 0) | (h.bth.mig_req ? 0x40 : 0) |
-                 (pad_for(payload_len) << 4) | (h.bth.tver & 0xf));
-  put16(p + 2, h.bth.pkey);
-  p[4] = uint8_t((h.bth.fecn ? 0x80 : 0) | (h.bth.becn ? 0x40 : 0) | (h.bth.seg & 0x3f));
-  put24(p + 5, h.bth.dest_qp);
-  p[8] = h.bth.ack_req ? 0x80 : 0;
-  put24(p + 9, h.bth.psn);
+  put32(p, uint32_t(h.bth.opcode) << 24 |
+               uint32_t((h.bth.se ? 0x80 : 0) | (h.bth.mig_req ? 0x40 : 0) |
+                        (pad_for(payload_len) << 4) | (h.bth.tver & 0xf)) << 16 |
+               h.bth.pkey);
+  put32(p + 4, uint32_t((h.bth.fecn ? 0x80 : 0) | (h.bth.becn ? 0x40 : 0) | (h.bth.seg & 0x3f)) << 24 |
+                   (h.bth.dest_qp & 0xffffff));
+  put32(p + 8, (h.bth.ack_req ? 0x80000000u : 0) | (h.bth.psn & 0xffffff));
   p += kBthLen;
   if (m & HAS_DETH) {
     put32(p, h.deth.qkey);
@@ -175,19 +190,20 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   if (len < info->hdr_len + kIcrcLen) return ParseError::too_short;
   Headers &h = out.h;
   h = {};
+  const uint32_t w0 = get32(buf), w1 = get32(buf + 4), w2 = get32(buf + 8);
   h.bth.opcode = buf[0];
-  h.bth.se = buf[1] & 0x80;
-  h.bth.mig_req = buf[1] & 0x40;
-  h.bth.pad_cnt = (buf[1] >> 4) & 3;
-  h.bth.tver = buf[1] & 0xf;
+  h.bth.se = w0 & 0x800000;
+  h.bth.mig_req = w0 & 0x400000;
+  h.bth.pad_cnt = (w0 >> 20) & 3;
+  h.bth.tver = (w0 >> 16) & 0xf;
   if (h.bth.tver != 0) return ParseError::bad_tver;
-  h.bth.pkey = get16(buf + 2);
-  h.bth.fecn = buf[4] & 0x80;
-  h.bth.becn = buf[4] & 0x40;
-  h.bth.seg = buf[4] & 0x3f;
-  h.bth.dest_qp = get24(buf + 5);
-  h.bth.ack_req = buf[8] & 0x80;
-  h.bth.psn = get24(buf + 9);
+  h.bth.pkey = uint16_t(w0);
+  h.bth.fecn = w1 & 0x80000000u;
+  h.bth.becn = w1 & 0x40000000u;
+  h.bth.seg = (w1 >> 24) & 0x3f;
+  h.bth.dest_qp = w1 & 0xffffff;
+  h.bth.ack_req = w2 & 0x80000000u;
+  h.bth.psn = w2 & 0xffffff;
   const uint8_t *p = buf + kBthLen;
   if (m & HAS_DETH) {
     h.deth.qkey = get32(p);

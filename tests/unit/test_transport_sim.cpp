@@ -703,15 +703,23 @@ struct GsoNic final : net::Nic {
   net::SimNic inner;
   std::vector<std::vector<uint8_t>> sends;
   bool cheap = false;   // cheap_send(): like a shared-memory ring
+  // Refuse the first segmented send and carry single datagrams from then
+  // on, as the udp backend does on a route that cannot take GSO.
+  bool refuse_gso = false;
+  uint32_t segs = 64;
   GsoNic(net::SimNetwork &n, net::Endpoint e) : inner(n, e) {}
   net::Endpoint local() const override { return inner.local(); }
   int wait_fd() const override { return -1; }
-  uint32_t gso_segments() const override { return 64; }
+  uint32_t gso_segments() const override { return segs; }
   bool cheap_send(net::Endpoint) override { return cheap; }
   size_t recv(std::span<net::RxPacket> out) override { return inner.recv(out); }
   size_t send(std::span<const net::TxPacket> pkts) override {
     size_t n = 0;
     for (const auto &p : pkts) {
+      if (refuse_gso && p.segs > 1) {
+        segs = 1;   // dropped: the transport resends, one datagram each
+        continue;
+      }
       std::vector<uint8_t> flat, ops;
       for (size_t i = 0; i < p.iovcnt; i++) {
         auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
@@ -827,6 +835,41 @@ TEST_CASE("a burst of posts goes out as it is posted where sending is cheap, at 
     REQUIRE(got.size() == 40);
     for (auto &c : got) CHECK(c.status == WcStatus::success);
   }
+}
+
+TEST_CASE("a NIC that stops taking segmented sends gets single datagrams from then on", "[sim]") {
+  net::SimNetwork net(47);
+  net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
+  auto clock = [&net] { return net.now(); };
+  Side a, b;
+  auto nic = std::make_unique<GsoNic>(net, ea);
+  GsoNic *an = nic.get();
+  an->refuse_gso = true;
+  a.e = std::make_unique<Engine>(std::move(nic), 1, Pair::kBase, clock, &a.mem, nullptr);
+  b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, Pair::kBase, clock, &b.mem, nullptr);
+  a.qp = a.e->create_qp(16, 16);
+  b.qp = b.e->create_qp(16, 16);
+  Pair::connect(a, b, eb, 1024, 0, 0);
+  Pair::connect(b, a, ea, 1024, 0, 0);
+  std::vector<uint8_t> msg(8000), rb(8192);
+  for (size_t i = 0; i < msg.size(); i++) msg[i] = uint8_t(i * 7);
+  REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data(), uint32_t(rb.size()))) == 0);
+  REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), uint32_t(msg.size()))) == 0);
+  std::vector<Completion> sc, rc;
+  for (int i = 0; i < 5000 && (sc.empty() || rc.empty()); i++) {
+    net.advance(100'000);
+    a.e->progress();
+    b.e->progress();
+    for (auto &c : drain(a.scq)) sc.push_back(c);
+    for (auto &c : drain(b.rcq)) rc.push_back(c);
+  }
+  CHECK(an->segs == 1);
+  REQUIRE(sc.size() == 1);
+  CHECK(sc[0].status == WcStatus::success);
+  REQUIRE(rc.size() == 1);
+  CHECK(rc[0].byte_len == msg.size());
+  CHECK(std::equal(msg.begin(), msg.end(), rb.begin()));
+  for (auto &s : an->sends) CHECK(s.size() == 1);
 }
 
 TEST_CASE("a receiver that never replies sends its ACKs at once, not with a reply", "[sim]") {

@@ -72,6 +72,7 @@ class Nic {
   // by one.
   virtual size_t recv(std::span<RxPacket> out) = 0;
   // The most datagrams one TxPacket may carry (1: no segmentation offload).
+  // It may fall to 1 while running (a route that refuses GSO): ask per batch.
   virtual uint32_t gso_segments() const { return 1; }
   // Sending to dst costs no system call (a shared-memory ring): a stream's
   // packets may then go out in small batches as they are posted, so that

@@ -15,8 +15,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()),
-      icrc_local_(tun_.icrc_local != 0), direct_max_(tun_.direct_write),
-      gso_segments_(nic_->gso_segments()) {
+      icrc_local_(tun_.icrc_local != 0), direct_max_(tun_.direct_write) {
   ack_list_.reserve(64);
 }
 
@@ -428,7 +427,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // size (the last of a group may be shorter), and the group still fits one
   // UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
-  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < gso_segments_ &&
+  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < nic_->gso_segments() &&
                     grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
                     g->ttl == qp.ttl && g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the

@@ -203,7 +203,6 @@ class Engine {
   const Tunables &tun_;
   const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
   const uint64_t direct_max_;    // USRC_DIRECT_WRITE
-  const uint32_t gso_segments_;  // the NIC's (fixed when it opened)
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include <functional>
 #include <random>
@@ -389,8 +390,14 @@ TEST_CASE("shm: the ring of a process that died is removed by the next context",
     std::unique_ptr<net::Nic> u = net::UdpNic::open(dead, 1 << 20, 32, 64, &en, &err);
     auto s = u ? net::ShmNic::wrap(u, &err) : nullptr;
     // A child of its own outlives it: it must not keep the ring looking
-    // owned (fork shares the owner's lock).
+    // owned (fork shares the owner's lock). It lets go of the UDP socket,
+    // which would keep the port from the next run of this test.
     if (fork() == 0) {
+      for (const auto &e : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+        if (!ec && target.rfind("socket:", 0) == 0) close(std::stoi(e.path().filename().string()));
+      }
       usleep(3'000'000);
       _exit(0);
     }

@@ -738,22 +738,36 @@ struct GsoNic final : net::Nic {
   }
 };
 
+// Two connected engines over the simulated network, one of them (a or b)
+// on a GsoNic whose sends the test reads.
+struct GsoPair {
+  net::SimNetwork net;
+  Side a, b;
+  GsoNic *gso;
+  GsoPair(uint64_t seed, bool gso_on_a, uint32_t a_sq = 16, uint32_t b_rq = 16) : net(seed) {
+    const net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
+    auto clock = [this] { return net.now(); };
+    auto g = std::make_unique<GsoNic>(net, gso_on_a ? ea : eb);
+    gso = g.get();
+    std::unique_ptr<net::Nic> na = std::move(g), nb = std::make_unique<net::SimNic>(net, gso_on_a ? eb : ea);
+    if (!gso_on_a) std::swap(na, nb);
+    a.e = std::make_unique<Engine>(std::move(na), 1, Pair::kBase, clock, &a.mem, nullptr);
+    b.e = std::make_unique<Engine>(std::move(nb), 2, Pair::kBase, clock, &b.mem, nullptr);
+    a.qp = a.e->create_qp(a_sq, 16);
+    b.qp = b.e->create_qp(16, b_rq);
+    Pair::connect(a, b, eb, 1024, 0, 0);
+    Pair::connect(b, a, ea, 1024, 0, 0);
+    gso->sends.clear();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a reply and the ACK it carries leave as one segmented send, whatever their sizes", "[sim]") {
-  net::SimNetwork net(31);
-  net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
-  auto clock = [&net] { return net.now(); };
-  Side a, b;
-  auto nic = std::make_unique<GsoNic>(net, eb);
-  GsoNic *bn = nic.get();
-  a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, Pair::kBase, clock, &a.mem, nullptr);
-  b.e = std::make_unique<Engine>(std::move(nic), 2, Pair::kBase, clock, &b.mem, nullptr);
-  a.qp = a.e->create_qp(16, 16);
-  b.qp = b.e->create_qp(16, 16);
-  Pair::connect(a, b, eb, 1024, 0, 0);
-  Pair::connect(b, a, ea, 1024, 0, 0);
-  bn->sends.clear();
+  GsoPair p(31, false);
+  auto &net = p.net;
+  auto &a = p.a, &b = p.b;
+  GsoNic *bn = p.gso;
 
   std::vector<uint8_t> ping(8, 1), pong(100, 2), rb(128), ra(128);
   auto recv = [](Side &s, std::vector<uint8_t> &buf) {
@@ -795,23 +809,14 @@ TEST_CASE("a reply and the ACK it carries leave as one segmented send, whatever 
 
 TEST_CASE("a burst of posts goes out as it is posted where sending is cheap, at the end of the burst elsewhere", "[sim]") {
   for (bool cheap : {false, true}) {
-    net::SimNetwork net(43);
-    net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
-    auto clock = [&net] { return net.now(); };
-    Side a, b;
-    auto nic = std::make_unique<GsoNic>(net, ea);
-    GsoNic *an = nic.get();
+    GsoPair p(43, true, 64, 64);
+    auto &net = p.net;
+    auto &a = p.a, &b = p.b;
+    GsoNic *an = p.gso;
     an->cheap = cheap;
-    a.e = std::make_unique<Engine>(std::move(nic), 1, Pair::kBase, clock, &a.mem, nullptr);
-    b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, Pair::kBase, clock, &b.mem, nullptr);
-    a.qp = a.e->create_qp(64, 16);
-    b.qp = b.e->create_qp(16, 64);
-    Pair::connect(a, b, eb, 1024, 0, 0);
-    Pair::connect(b, a, ea, 1024, 0, 0);
     std::vector<uint8_t> msg(64, 5), rb(64 * 40);
     for (int i = 0; i < 40; i++)
       REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data() + 64 * i, 64)) == 0);
-    an->sends.clear();
     // 40 posts, no progress call in between: the first goes alone (nothing
     // was in flight), then batches of 16 where sending is cheap; elsewhere
     // the rest waits for the engine's next pass.
@@ -838,19 +843,11 @@ TEST_CASE("a burst of posts goes out as it is posted where sending is cheap, at 
 }
 
 TEST_CASE("a NIC that stops taking segmented sends gets single datagrams from then on", "[sim]") {
-  net::SimNetwork net(47);
-  net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
-  auto clock = [&net] { return net.now(); };
-  Side a, b;
-  auto nic = std::make_unique<GsoNic>(net, ea);
-  GsoNic *an = nic.get();
+  GsoPair p(47, true);
+  auto &net = p.net;
+  auto &a = p.a, &b = p.b;
+  GsoNic *an = p.gso;
   an->refuse_gso = true;
-  a.e = std::make_unique<Engine>(std::move(nic), 1, Pair::kBase, clock, &a.mem, nullptr);
-  b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, Pair::kBase, clock, &b.mem, nullptr);
-  a.qp = a.e->create_qp(16, 16);
-  b.qp = b.e->create_qp(16, 16);
-  Pair::connect(a, b, eb, 1024, 0, 0);
-  Pair::connect(b, a, ea, 1024, 0, 0);
   std::vector<uint8_t> msg(8000), rb(8192);
   for (size_t i = 0; i < msg.size(); i++) msg[i] = uint8_t(i * 7);
   REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data(), uint32_t(rb.size()))) == 0);
@@ -873,19 +870,10 @@ TEST_CASE("a NIC that stops taking segmented sends gets single datagrams from th
 }
 
 TEST_CASE("a receiver that never replies sends its ACKs at once, not with a reply", "[sim]") {
-  net::SimNetwork net(37);
-  net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
-  auto clock = [&net] { return net.now(); };
-  Side a, b;
-  auto nic = std::make_unique<GsoNic>(net, eb);
-  GsoNic *bn = nic.get();
-  a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, Pair::kBase, clock, &a.mem, nullptr);
-  b.e = std::make_unique<Engine>(std::move(nic), 2, Pair::kBase, clock, &b.mem, nullptr);
-  a.qp = a.e->create_qp(16, 16);
-  b.qp = b.e->create_qp(16, 16);
-  Pair::connect(a, b, eb, 1024, 0, 0);
-  Pair::connect(b, a, ea, 1024, 0, 0);
-  bn->sends.clear();
+  GsoPair p(37, false);
+  auto &net = p.net;
+  auto &a = p.a, &b = p.b;
+  GsoNic *bn = p.gso;
   std::vector<uint8_t> msg(64, 3), rb(64 * 8);
   for (int i = 0; i < 8; i++)
     REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data() + 64 * i, 64)) == 0);

@@ -1,5 +1,7 @@
 #include "usrc/rc/cq.h"
 
+#include <mutex>
+
 namespace usrc::rc {
 
 bool Cq::push(const Completion &c) {

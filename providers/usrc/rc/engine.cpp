@@ -14,8 +14,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
                MemoryAccess *mem, EngineHooks *hooks)
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
-      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()),
-      icrc_local_(tun_.icrc_local != 0), direct_max_(tun_.direct_write) {
+      tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
   ack_list_.reserve(64);
 }
 
@@ -241,7 +240,7 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
 // here): a stream of WRITEs goes faster through the ring, where the copy
 // out runs on the receiver's core while the sender copies the next one in.
 bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
-  if (wr.opcode != WrOpcode::rdma_write || len > direct_max_ || !qp.local_path ||
+  if (wr.opcode != WrOpcode::rdma_write || len > tun_.direct_write || !qp.local_path ||
       qp.state != QpState::rts || qp.rate_bps || qp.placed >= kPlacedSlack ||
       qp.sq.tail - qp.sq.head != qp.placed || qp.tx_psn != qp.next_psn ||
       qp.polls_at_post == polls.load(std::memory_order_relaxed))
@@ -437,7 +436,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback.
-  const bool icrc = !qp.local_path || icrc_local_;
+  const bool icrc = !qp.local_path || tun_.icrc_local;
   // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
   const auto pseudo = [&] {
     wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, qp.sport ? qp.sport : nic_->local().port,

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "usrc/common/lock.h"
@@ -200,9 +199,7 @@ class Engine {
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0;
   bool grp_open_ = false;
-  const Tunables &tun_;
-  const bool icrc_local_;        // USRC_ICRC_LOCAL: an ICRC on same-host paths too
-  const uint64_t direct_max_;    // USRC_DIRECT_WRITE
+  const Tunables &tun_;          // read once (USRC_ICRC_LOCAL, USRC_DIRECT_WRITE, ...)
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

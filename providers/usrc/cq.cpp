@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <ctime>
+#include <mutex>
 #include <new>
 
 #include "usrc/common/log.h"
@@ -64,7 +65,11 @@ static void withdraw_event(Cq *cq) {
     // A completion that came meanwhile keeps the event; it is not dealt
     // with then (if that completion is polled too, the event is stale
     // again and the next poll that empties the ring takes it back).
-    const bool keep = found && !cq->ring.rearm_if_empty();
+    bool keep = false;
+    if (found) {
+      std::lock_guard g(cq->ctx->engine().mu);   // (the arm is the producer's: see rc::Cq)
+      keep = !cq->ring.rearm_if_empty();
+    }
     if (keep) others[n++] = mine;
     for (size_t i = 0; i < n; i++) send(cq->chan_wfd, &others[i], sizeof others[i], MSG_DONTWAIT);
     if (keep) return;
@@ -105,7 +110,10 @@ int destroy_cq(ibv_cq *ibcq) {
 int resize_cq(ibv_cq *ibcq, int cqe) {
   Cq *cq = to_cq(ibcq);
   if (cqe < 1 || cqe > (1 << 20)) return EINVAL;
-  cq->ring.resize(static_cast<uint32_t>(cqe));
+  {
+    std::lock_guard g(cq->ctx->engine().mu);
+    cq->ring.resize(static_cast<uint32_t>(cqe));
+  }
   if (cq->ring.depth() != static_cast<uint32_t>(cqe)) return EINVAL;
   ibcq->cqe = cqe;
   return 0;
@@ -155,7 +163,9 @@ int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {
 }
 
 int req_notify_cq(ibv_cq *ibcq, int solicited_only) {
-  to_cq(ibcq)->ring.arm(solicited_only != 0);
+  Cq *cq = to_cq(ibcq);
+  std::lock_guard g(cq->ctx->engine().mu);
+  cq->ring.arm(solicited_only != 0);
   return 0;
 }
 

@@ -331,49 +331,54 @@ int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
   return 0;
 }
 
+static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
+              int(rc::WrOpcode::rdma_write_imm) == IBV_WR_RDMA_WRITE_WITH_IMM &&
+              int(rc::WrOpcode::send) == IBV_WR_SEND && int(rc::WrOpcode::send_imm) == IBV_WR_SEND_WITH_IMM &&
+              int(rc::WrOpcode::rdma_read) == IBV_WR_RDMA_READ &&
+              int(rc::WrOpcode::atomic_cmp_swp) == IBV_WR_ATOMIC_CMP_AND_SWP &&
+              int(rc::WrOpcode::atomic_fetch_add) == IBV_WR_ATOMIC_FETCH_AND_ADD);
+
+// Each WR is written straight into its send queue slot (Engine::send_slot).
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Context &c = *qp->ctx;
-  ibv_qp *ibqp = &qp->vqp.qp;
+  rc::Engine &e = c.engine();
+  const Pd *pd = to_pd(qp->vqp.qp.pd);
   int err = 0;
   for (; wr; wr = wr->next) {
     if ((err = check_send_wr(qp, *wr))) break;
-    rc::SendWr w;
-    switch (wr->opcode) {
-      case IBV_WR_SEND: w.opcode = rc::WrOpcode::send; break;
-      case IBV_WR_SEND_WITH_IMM: w.opcode = rc::WrOpcode::send_imm; break;
-      case IBV_WR_RDMA_WRITE: w.opcode = rc::WrOpcode::rdma_write; break;
-      case IBV_WR_RDMA_WRITE_WITH_IMM: w.opcode = rc::WrOpcode::rdma_write_imm; break;
-      case IBV_WR_RDMA_READ: w.opcode = rc::WrOpcode::rdma_read; break;
-      case IBV_WR_ATOMIC_CMP_AND_SWP: w.opcode = rc::WrOpcode::atomic_cmp_swp; break;
-      default: w.opcode = rc::WrOpcode::atomic_fetch_add; break;
+    rc::SendWr *w = e.send_slot(*qp->t);
+    if (!w) {
+      err = ENOMEM;
+      break;
     }
-    w.wr_id = wr->wr_id;
-    w.flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
-    w.imm_be = wr->imm_data;
-    w.remote_va = wr->wr.rdma.remote_addr;
-    w.rkey = wr->wr.rdma.rkey;
-    w.num_sge = static_cast<uint32_t>(wr->num_sge);
-    const bool rd = rc::is_rd_atomic(w.opcode);
-    if (w.opcode == rc::WrOpcode::atomic_cmp_swp || w.opcode == rc::WrOpcode::atomic_fetch_add) {
-      w.remote_va = wr->wr.atomic.remote_addr;
-      w.rkey = wr->wr.atomic.rkey;
-      w.compare_add = wr->wr.atomic.compare_add;
-      w.swap = wr->wr.atomic.swap;
+    w->opcode = static_cast<rc::WrOpcode>(wr->opcode);   // (checked: a supported one)
+    w->wr_id = wr->wr_id;
+    w->flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
+    w->imm_be = wr->imm_data;
+    w->num_sge = static_cast<uint32_t>(wr->num_sge);
+    const bool rd = rc::is_rd_atomic(w->opcode);
+    if (w->opcode == rc::WrOpcode::atomic_cmp_swp || w->opcode == rc::WrOpcode::atomic_fetch_add) {
+      w->remote_va = wr->wr.atomic.remote_addr;
+      w->rkey = wr->wr.atomic.rkey;
+      w->compare_add = wr->wr.atomic.compare_add;
+      w->swap = wr->wr.atomic.swap;
+    } else {
+      w->remote_va = wr->wr.rdma.remote_addr;
+      w->rkey = wr->wr.rdma.rkey;
     }
     // Inline data is read now and needs no lkey (IBA 10.7.2.1).
     bool ok = true;
-    if (w.flags & rc::kInline) {
+    if (w->flags & rc::kInline) {
       for (int i = 0; i < wr->num_sge; i++)
-        w.sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
+        w->sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
     } else {
-      ok = map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, rd);
+      ok = map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, rd);
     }
     if (!ok) {
-      c.engine().post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w.opcode),
-                            rc::WcStatus::loc_prot_err, false);
+      e.post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w->opcode), rc::WcStatus::loc_prot_err, false);
       continue;
     }
-    if ((err = c.engine().post_send(*qp->t, w))) break;
+    e.post_slot(*qp->t);
   }
   if (err && bad) *bad = wr;
   return err;
@@ -382,23 +387,29 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
 int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Qp *qp = to_qp(ibqp);
   Context &c = *qp->ctx;
+  rc::Engine &e = c.engine();
+  const Pd *pd = to_pd(ibqp->pd);
   int err = 0;
   {
-    std::lock_guard g(c.engine().mu);
+    std::lock_guard g(e.mu);
     for (; wr; wr = wr->next) {
-      if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge)) {
+      if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge) ||
+          qp->t->state == rc::QpState::reset) {
         err = EINVAL;
         break;
       }
-      rc::RecvWr w;
-      w.wr_id = wr->wr_id;
-      w.num_sge = static_cast<uint32_t>(wr->num_sge);
-      if (!map_sges(c, to_pd(ibqp->pd), wr->sg_list, wr->num_sge, w.sge, true)) {
-        c.engine().post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err,
-                              true);
+      rc::RecvWr *w = e.recv_slot(*qp->t);   // (written in place)
+      if (!w) {
+        err = ENOMEM;
+        break;
+      }
+      w->wr_id = wr->wr_id;
+      w->num_sge = static_cast<uint32_t>(wr->num_sge);
+      if (!map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, true)) {
+        e.post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err, true);
         continue;
       }
-      if ((err = c.engine().post_recv(*qp->t, w))) break;
+      e.post_recv_slot(*qp->t);
     }
   }
   c.kick();

@@ -5,73 +5,60 @@
 namespace usrc::rc {
 
 bool Cq::push(const Completion &c) {
-  bool fire = false, over = false, stored = false;
-  {
-    std::lock_guard g(mu_);
-    size_t next = (tail_ + 1) % ring_.size();
-    if (next == head_) {
-      over = !overflowed_;
-      overflowed_ = true;
-    } else {
-      ring_[tail_] = c;
-      tail_ = next;
-      entries_.fetch_add(1, std::memory_order_release);
-      stored = true;
-      // A solicited-only arm fires on a solicited or an error completion.
-      if (arm_ == Arm::next || (arm_ == Arm::solicited &&
-                                (c.solicited || c.status != WcStatus::success))) {
-        last_fired_ = arm_;
-        arm_ = Arm::none;
-        fire_seq_.fetch_add(1, std::memory_order_release);
-        fire = true;
-      }
-    }
+  const size_t t = tail_.load(std::memory_order_relaxed), n = next(t);
+  if (n == head_.load(std::memory_order_acquire)) {   // full (pollers read up to head first)
+    if (!overflowed_ && hooks_) hooks_->overflow(*this);
+    overflowed_ = true;
+    return false;
   }
-  if (over && hooks_) hooks_->overflow(*this);
-  if (fire) {
+  ring_[t] = c;
+  tail_.store(n, std::memory_order_release);
+  // A solicited-only arm fires on a solicited or an error completion.
+  if (arm_ == Arm::next ||
+      (arm_ == Arm::solicited && (c.solicited || c.status != WcStatus::success))) {
+    last_fired_ = arm_;
+    arm_ = Arm::none;
+    fire_seq_.fetch_add(1, std::memory_order_release);
     if (hooks_) hooks_->notify(*this);
     sent_seq_.fetch_add(1, std::memory_order_release);
   }
-  return stored;
+  return true;
 }
 
 size_t Cq::poll(Completion *out, size_t max) {
-  if (entries_.load(std::memory_order_acquire) == 0) return 0;
+  size_t h = head_.load(std::memory_order_relaxed);
+  if (h == tail_.load(std::memory_order_acquire)) return 0;   // (the common empty poll: no lock)
   std::lock_guard g(mu_);
+  h = head_.load(std::memory_order_relaxed);
+  const size_t t = tail_.load(std::memory_order_acquire);
   size_t n = 0;
-  while (n < max && head_ != tail_) {
-    out[n++] = ring_[head_];
-    head_ = (head_ + 1) % ring_.size();
-  }
-  entries_.fetch_sub(n, std::memory_order_relaxed);
+  for (; n < max && h != t; n++, h = next(h)) out[n] = ring_[h];
+  head_.store(h, std::memory_order_release);
   return n;
 }
 
-bool Cq::empty() const { return entries_.load(std::memory_order_acquire) == 0; }
-
 void Cq::arm(bool solicited_only) {
-  std::lock_guard g(mu_);
   // Arming "next" is never weakened to "solicited" by a later call.
   if (!solicited_only) arm_ = Arm::next;
   else if (arm_ == Arm::none) arm_ = Arm::solicited;
 }
 
 bool Cq::rearm_if_empty() {
-  std::lock_guard g(mu_);
-  if (head_ != tail_) return false;
+  if (!empty()) return false;
   if (last_fired_ == Arm::next || arm_ == Arm::none) arm_ = last_fired_;
   return true;
 }
 
 void Cq::resize(uint32_t depth) {
-  std::lock_guard g(mu_);
-  size_t used = (tail_ + ring_.size() - head_) % ring_.size();
+  std::lock_guard g(mu_);   // (the producer is ours: the engine lock)
+  const size_t h = head_.load(std::memory_order_relaxed), t = tail_.load(std::memory_order_relaxed);
+  const size_t used = (t + ring_.size() - h) % ring_.size();
   if (used > depth) return;
   std::vector<Completion> r(depth + 1);
-  for (size_t i = 0; i < used; i++) r[i] = ring_[(head_ + i) % ring_.size()];
+  for (size_t i = 0, k = h; i < used; i++, k = next(k)) r[i] = ring_[k];
   ring_.swap(r);
-  head_ = 0;
-  tail_ = used;
+  head_.store(0, std::memory_order_relaxed);
+  tail_.store(used, std::memory_order_release);
 }
 
 }  // namespace usrc::rc

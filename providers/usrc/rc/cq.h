@@ -1,7 +1,10 @@
-// A completion queue: a bounded ring filled by the transport (under the
-// engine lock) and drained by poll_cq (which may not hold it), so it has a
-// small lock of its own. Arming for notification is IBA "request completion
-// notification": the next completion (or the next solicited one) fires once.
+// A completion queue: a bounded ring with one producer, the transport (it
+// pushes under the engine lock), and any number of pollers, which take the
+// CQ's own small lock between them but never the engine's. The producer
+// takes no lock and makes no atomic read-modify-write: a completion costs
+// two plain stores and an index. Arming for notification is IBA "request
+// completion notification": the next completion (or the next solicited
+// one) fires once.
 #pragma once
 
 #include <atomic>
@@ -25,11 +28,16 @@ class Cq {
   Cq(uint32_t depth, Hooks *hooks) : ring_(depth + 1), hooks_(hooks) {}
   uint32_t depth() const { return static_cast<uint32_t>(ring_.size() - 1); }
 
-  // Returns false (and reports overflow) if the ring is full.
+  // The producer's side and the arm, under the engine lock (arm_ is the
+  // producer's to read when it fires, without a fence). push returns false
+  // (and reports overflow) if the ring is full.
   bool push(const Completion &c);
-  size_t poll(Completion *out, size_t max);
-  bool empty() const;
   void arm(bool solicited_only);
+  // Any thread.
+  size_t poll(Completion *out, size_t max);
+  bool empty() const {
+    return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
+  }
   // Completion events fired (counted with the completion that fired them),
   // sent (counted once the event is out), and dealt with by a poller that
   // found the ring empty: see rearm_if_empty.
@@ -41,23 +49,23 @@ class Cq {
   void handled(uint32_t seq) { handled_seq_.store(seq, std::memory_order_relaxed); }
   // A poller found the ring empty and took an unread event of this CQ back
   // from the channel: restore the arm that fired, if the ring is still
-  // empty. False means new completions came: the event must stand.
+  // empty. False means new completions came: the event must stand. Under
+  // the engine lock.
   bool rearm_if_empty();
-  void resize(uint32_t depth);  // fails silently if current entries do not fit
+  // Under the engine lock; fails silently if current entries do not fit.
+  void resize(uint32_t depth);
 
  private:
-  mutable usrc::Lock mu_;
-  std::vector<Completion> ring_;
-  size_t head_ = 0, tail_ = 0;
+  size_t next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }
+  std::vector<Completion> ring_;   // one slot always empty: full is tail + 1 == head
+  Hooks *hooks_;
   Arm arm_ = Arm::none;
   Arm last_fired_ = Arm::none;
-  std::atomic<uint32_t> fire_seq_{0}, sent_seq_{0}, handled_seq_{0};
-  // Entries in the ring, kept with it under mu_: a poll of an empty CQ (a
-  // polling application's common case) and empty() read it without the
-  // lock.
-  std::atomic<size_t> entries_{0};
   bool overflowed_ = false;
-  Hooks *hooks_;
+  std::atomic<uint32_t> fire_seq_{0}, sent_seq_{0}, handled_seq_{0};
+  alignas(64) std::atomic<size_t> tail_{0};   // the producer's: the next slot it fills
+  alignas(64) std::atomic<size_t> head_{0};   // the pollers': the next slot to read
+  usrc::Lock mu_;                             // between pollers (and resize)
 };
 
 }  // namespace usrc::rc

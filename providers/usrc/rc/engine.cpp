@@ -171,30 +171,38 @@ void Engine::arm_timer(uint64_t deadline) {
 }
 
 int Engine::post_send(Qp &qp, const SendWr &wr) {
-  // At most one clock read for the times this post takes (a round-trip
-  // sample's start, the retransmission timer), and only if it takes one.
-  Pass pass(*this, 0);
   if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::rtr)
     return EINVAL;
   if (wr.num_sge > kMaxSge) return EINVAL;
-  if (!qp.send_room()) return ENOMEM;
+  SendWr *slot = send_slot(qp);
+  if (!slot) return ENOMEM;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
   if (len > kMaxMsgSize) return EINVAL;
   if ((wr.flags & kInline) && len > kMaxInline) return EINVAL;
+  copy_wr(*slot, wr);
+  post_slot(qp);
+  return 0;
+}
 
+void Engine::post_slot(Qp &qp) {
+  // At most one clock read for the times this post takes (a round-trip
+  // sample's start, the retransmission timer), and only if it takes one.
+  Pass pass(*this, 0);
+  SendWqe &w = qp.sq.at(qp.sq.tail);
+  const SendWr &wr = w.wr;
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
   const bool placed = place(qp, wr, len);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
-  SendWqe &w = qp.sq.at(qp.sq.tail);
-  copy_wr(w.wr, wr);
   w.length = static_cast<uint32_t>(len);
   w.placed = placed;
   if ((wr.flags & kInline) && !placed) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
-    for (uint32_t i = 0; i < wr.num_sge; i++) {
-      std::memcpy(w.inline_data + off, wr.sge[i].addr, wr.sge[i].length);
-      off += wr.sge[i].length;
+    for (uint32_t i = 0; i < w.wr.num_sge; i++) {
+      std::memcpy(w.inline_data + off, w.wr.sge[i].addr, w.wr.sge[i].length);
+      off += w.wr.sge[i].length;
     }
     w.wr.num_sge = 1;
     w.wr.sge[0] = {w.inline_data, off};
@@ -208,7 +216,7 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   if (qp.state == QpState::err || qp.state == QpState::sqe) {
     // Flushed at once (IBA 10.8.3.3); nothing goes on the wire.
     flush_queues(qp);
-    return 0;
+    return;
   }
   if (placed) {
     // Done: the data is in the peer's memory. The notice that follows
@@ -228,7 +236,6 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   const bool in_flight = qp.una_psn != qp.tx_high;
   requester_tx(qp);
   if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
-  return 0;
 }
 
 // Direct placement (net::Nic::place): an RDMA WRITE to a peer on this host
@@ -258,15 +265,20 @@ void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool r
 int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   if (qp.state == QpState::reset) return EINVAL;
   if (wr.num_sge > kMaxSge) return EINVAL;
-  if (qp.rq.full()) return ENOMEM;
+  RecvWr *slot = recv_slot(qp);
+  if (!slot) return ENOMEM;
+  copy_wr(*slot, wr);
+  post_recv_slot(qp);
+  return 0;
+}
+
+void Engine::post_recv_slot(Qp &qp) {
   RecvWqe &r = qp.rq.at(qp.rq.tail);
-  copy_wr(r.wr, wr);
   uint64_t len = 0;
-  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
+  for (uint32_t i = 0; i < r.wr.num_sge; i++) len += r.wr.sge[i].length;
   r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
   qp.rq.tail++;
   if (qp.state == QpState::err) flush_queues(qp);
-  return 0;
 }
 
 size_t Engine::progress(bool app, uint64_t now) {
@@ -339,14 +351,15 @@ void Engine::build_acks() {
 void Engine::handle_packet(const net::RxPacket &pkt) {
   count(Counter::rx_packets);
   count(Counter::rx_bytes, pkt.len);
-  PacketView v{pkt.src, {}};
+  PacketView &v = rx_view_;   // (parse writes all of it)
+  v.src = pkt.src;
   if (wire::parse(pkt.data, pkt.len, v.p) != wire::ParseError::ok) {
     count(Counter::malformed_drops);
     return;
   }
   // A sender on this host leaves the ICRC out (0, see tx_commit); one from
   // anywhere else, and any ICRC that is there, is verified.
-  const bool no_icrc = v.p.icrc == 0 && nic_->same_host(pkt.src);
+  const bool no_icrc = v.p.icrc == 0 && (pkt.trusted || nic_->same_host(pkt.src));
   if (tun_.icrc_check && !no_icrc) {
     iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
     wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};

@@ -16,6 +16,7 @@
 #include "usrc/common/tunables.h"
 #include "usrc/device.h"
 #include "usrc/net/nic.h"
+#include "usrc/rc/packet_view.h"
 #include "usrc/rc/qp.h"
 
 namespace usrc::rc {
@@ -64,7 +65,15 @@ class Engine {
   void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & 0xffffff; }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
+  // The same in two steps, without a copy of the WR: the slot the next
+  // send WR goes into (nullptr: the send queue is full), then, once the
+  // caller has filled it with a WR that passed post_send's checks, the post.
+  SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.at(qp.sq.tail).wr : nullptr; }
+  void post_slot(Qp &qp);
   int post_recv(Qp &qp, const RecvWr &wr);
+  // As send_slot/post_slot; the QP must not be in RESET.
+  RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.at(qp.rq.tail).wr; }
+  void post_recv_slot(Qp &qp);
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the
@@ -203,6 +212,7 @@ class Engine {
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;
+  PacketView rx_view_;   // the packet being handled (not built afresh for each)
 };
 
 }  // namespace usrc::rc

@@ -109,11 +109,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   uint32_t len = std::min(qp.pmtu, w.length - std::min(off, w.length));
   bool last = k + 1 == w.npkts;
 
-  wire::Headers h;
-  h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
-  h.bth.psn = psn;
   if (is_rd_atomic(w.wr.opcode) || w.placed) {
+    wire::Headers h;
+    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.psn = psn;
     // A request without payload, answered on its own.
     h.bth.ack_req = true;
     if (w.placed) {
@@ -134,17 +133,27 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
     tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
     return;
   }
-  h.bth.opcode = static_cast<uint8_t>(request_opcode(w, k));
-  h.bth.se = last && (w.wr.flags & kSolicited);
+  // SEND and WRITE packets, the per-packet path: the headers are written
+  // as they go (no Headers struct to fill and read back).
+  const uint8_t op = static_cast<uint8_t>(request_opcode(w, k));
+  const uint32_t mask = wire::opcode_info(op)->mask;
   // AckReq on the last packet of a message, and every ack_every packets so
   // that the window keeps moving during long messages.
   const uint32_t every = tun_.ack_every;
-  h.bth.ack_req = ack_req || last || (every && (psn % every) == 0);
-  if (k == 0) h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
-  h.imm_be = w.wr.imm_be;
-
   TxSlot &s = tx_slot();
-  size_t hl = wire::build_headers(h, len, s.hdr);
+  uint8_t *p = s.hdr;
+  wire::put_bth(p, op, last && (w.wr.flags & kSolicited), wire::pad_for(len), qp.dest_qpn,
+                ack_req || last || (every && (psn % every) == 0), psn);
+  p += wire::kBthLen;
+  if (mask & wire::HAS_RETH) {
+    wire::put_reth(p, w.wr.remote_va, w.wr.rkey, w.length);
+    p += wire::kRethLen;
+  }
+  if (mask & wire::HAS_IMMDT) {
+    std::memcpy(p, &w.wr.imm_be, 4);
+    p += wire::kImmDtLen;
+  }
+  const size_t hl = static_cast<size_t>(p - s.hdr);
   // Gather the payload straight from the registered buffers (no copy).
   size_t pieces = 0;
   uint32_t skip = off, need = len;

@@ -150,9 +150,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
     p += kDethLen;
   }
   if (m & HAS_RETH) {
-    put64(p, h.reth.va);
-    put32(p + 8, h.reth.rkey);
-    put32(p + 12, h.reth.dma_len);
+    put_reth(p, h.reth.va, h.reth.rkey, h.reth.dma_len);
     p += kRethLen;
   }
   if (m & HAS_ATOMICETH) {
@@ -188,8 +186,7 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   if (!info) return ParseError::bad_opcode;
   const uint32_t m = info->mask;
   if (len < info->hdr_len + kIcrcLen) return ParseError::too_short;
-  Headers &h = out.h;
-  h = {};
+  Headers &h = out.h;   // (every field is written below: absent headers as zero)
   const uint32_t w0 = get32(buf), w1 = get32(buf + 4), w2 = get32(buf + 8);
   h.bth.opcode = buf[0];
   h.bth.se = w0 & 0x800000;
@@ -209,12 +206,16 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
     h.deth.qkey = get32(p);
     h.deth.src_qp = get24(p + 5);
     p += kDethLen;
+  } else {
+    h.deth = {};
   }
   if (m & HAS_RETH) {
     h.reth.va = get64(p);
     h.reth.rkey = get32(p + 8);
     h.reth.dma_len = get32(p + 12);
     p += kRethLen;
+  } else {
+    h.reth = {};
   }
   if (m & HAS_ATOMICETH) {
     h.atomic.va = get64(p);
@@ -222,23 +223,33 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
     h.atomic.swap_add = get64(p + 12);
     h.atomic.compare = get64(p + 20);
     p += kAtomicEthLen;
+  } else {
+    h.atomic = {};
   }
   if (m & HAS_AETH) {
     h.aeth.syndrome = p[0];
     h.aeth.msn = get24(p + 1);
     p += kAethLen;
+  } else {
+    h.aeth = {};
   }
   if (m & HAS_ATOMICACKETH) {
     h.atomic_ack = get64(p);
     p += kAtomicAckEthLen;
+  } else {
+    h.atomic_ack = 0;
   }
   if (m & HAS_IMMDT) {
     __builtin_memcpy(&h.imm_be, p, 4);
     p += kImmDtLen;
+  } else {
+    h.imm_be = 0;
   }
   if (m & HAS_IETH) {
     h.ieth = get32(p);
     p += kIethLen;
+  } else {
+    h.ieth = 0;
   }
   size_t body = len - info->hdr_len - kIcrcLen;   // payload + pad
   if (!(m & HAS_PAYLOAD)) {

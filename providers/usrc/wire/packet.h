@@ -153,4 +153,25 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out);
 inline void set_seg(uint8_t *bth, uint8_t seg) { bth[4] = uint8_t((bth[4] & 0xc0) | (seg & 0x3f)); }
 size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 
+// The pieces of build_headers for the per-packet path, which builds a
+// request's headers without a Headers struct: the BTH (IBA 9.2: opcode |
+// SE M Pad(2) TVer(4) | P_Key | F B resv6 | DestQP | A resv7 | PSN), with
+// P_Key 0xffff, M, TVer, F, B and the segment index 0; and the RETH.
+inline void put_be32(uint8_t *p, uint32_t v) {
+  v = __builtin_bswap32(v);
+  __builtin_memcpy(p, &v, 4);
+}
+inline void put_bth(uint8_t *p, uint8_t opcode, bool se, uint8_t pad, uint32_t dest_qp,
+                    bool ack_req, uint32_t psn) {
+  put_be32(p, uint32_t(opcode) << 24 | uint32_t((se ? 0x80 : 0) | pad << 4) << 16 | 0xffff);
+  put_be32(p + 4, dest_qp & 0xffffff);
+  put_be32(p + 8, (ack_req ? 0x80000000u : 0) | (psn & 0xffffff));
+}
+inline void put_reth(uint8_t *p, uint64_t va, uint32_t rkey, uint32_t dma_len) {
+  va = __builtin_bswap64(va);
+  __builtin_memcpy(p, &va, 8);
+  put_be32(p + 8, rkey);
+  put_be32(p + 12, dma_len);
+}
+
 }  // namespace usrc::wire

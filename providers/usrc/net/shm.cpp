@@ -611,18 +611,24 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     const uint64_t idx = head & kMask;
     ShmSlot &s = r.slots[idx];
     if (seq_of(s, idx) != head + 1) {
-      // Not published. Claimed by a producer that died before publishing
-      // (its process gone for a second): skip it, or the ring stops here.
-      if (r.tail.load(std::memory_order_relaxed) == head) break;
-      // (Mostly a writer in the middle of its copy: the clock only after
-      // many looks.)
+      // Not published: mostly an empty ring, or a writer in the middle of
+      // its copy. Looked into only after many looks: the tail's cache line
+      // is the writers' (reading it on every empty poll made each claim
+      // fetch it back from us).
       if (++stuck_polls_ < 1024) break;
+      stuck_polls_ = 0;
+      if (r.tail.load(std::memory_order_relaxed) == head) {   // empty
+        stuck_since_ = 0;
+        break;
+      }
+      // Claimed by a producer that died before publishing (its process
+      // gone for a second): skip it, or the ring stops here.
       const uint64_t now = coarse_ns();
       if (!stuck_since_) stuck_since_ = now;
       if (now - stuck_since_ < kStuckNs) break;
       const int32_t pid = s.pid.load(std::memory_order_relaxed);
       if (pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH)) break;   // alive: wait
-      stuck_since_ = stuck_polls_ = 0;
+      stuck_since_ = 0;
       head++;
       out[k++] = {{0, 0}, s.data, 0, true};   // an empty datagram: dropped and counted as malformed
       continue;

@@ -292,7 +292,16 @@ size_t Engine::progress(bool app, uint64_t now) {
   size_t received = 0;
   for (int round = 0; round < 4; round++) {
     size_t n = nic_->recv({pkts, batch});
-    for (size_t i = 0; i < n; i++) handle_packet(pkts[i]);
+    for (size_t i = 0; i < n; i++) {
+      // A packet another core wrote (a shared-memory ring) is a cache miss:
+      // the ones after it are fetched while this one is handled.
+      if (i + kRxAhead < n) {
+        const net::RxPacket &a = pkts[i + kRxAhead];
+        __builtin_prefetch(a.data);
+        __builtin_prefetch(a.data + a.len - 1);
+      }
+      handle_packet(pkts[i]);
+    }
     received += n;
     if (n < batch && !nic_->rx_pending()) break;
   }

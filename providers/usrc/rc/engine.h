@@ -194,6 +194,8 @@ class Engine {
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;
+  // Received packets prefetched ahead of the one being handled.
+  static constexpr size_t kRxAhead = 2;
   struct TxSlot {
     uint8_t hdr[64 + kTxCopy + 8];   // headers [+ payload + pad + ICRC]
     uint8_t trailer[8];          // pad + ICRC

@@ -52,11 +52,12 @@ bool Cq::rearm_if_empty() {
 void Cq::resize(uint32_t depth) {
   std::lock_guard g(mu_);   // (the producer is ours: the engine lock)
   const size_t h = head_.load(std::memory_order_relaxed), t = tail_.load(std::memory_order_relaxed);
-  const size_t used = (t + ring_.size() - h) % ring_.size();
+  const size_t used = (t + size_ - h) % size_;
   if (used > depth) return;
   std::vector<Completion> r(depth + 1);
   for (size_t i = 0, k = h; i < used; i++, k = next(k)) r[i] = ring_[k];
   ring_.swap(r);
+  size_ = ring_.size();
   head_.store(0, std::memory_order_relaxed);
   tail_.store(used, std::memory_order_release);
 }

@@ -25,8 +25,8 @@ class Cq {
     ~Hooks() = default;
   };
 
-  Cq(uint32_t depth, Hooks *hooks) : ring_(depth + 1), hooks_(hooks) {}
-  uint32_t depth() const { return static_cast<uint32_t>(ring_.size() - 1); }
+  Cq(uint32_t depth, Hooks *hooks) : ring_(depth + 1), size_(depth + 1), hooks_(hooks) {}
+  uint32_t depth() const { return static_cast<uint32_t>(size_ - 1); }
 
   // The producer's side and the arm, under the engine lock (arm_ is the
   // producer's to read when it fires, without a fence). push returns false
@@ -56,8 +56,9 @@ class Cq {
   void resize(uint32_t depth);
 
  private:
-  size_t next(size_t i) const { return i + 1 == ring_.size() ? 0 : i + 1; }
+  size_t next(size_t i) const { return i + 1 == size_ ? 0 : i + 1; }
   std::vector<Completion> ring_;   // one slot always empty: full is tail + 1 == head
+  size_t size_;                    // ring_.size(), kept (size() divides by sizeof)
   Hooks *hooks_;
   Arm arm_ = Arm::none;
   Arm last_fired_ = Arm::none;

@@ -207,7 +207,7 @@ void Engine::post_slot(Qp &qp) {
     w.wr.num_sge = 1;
     w.wr.sge[0] = {w.inline_data, off};
   }
-  w.npkts = len == 0 || placed ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
+  w.npkts = len <= qp.pmtu || placed ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
   w.rd_before = qp.rd_posted;
   qp.rd_posted += is_rd_atomic(wr.opcode);
   w.first_psn = qp.next_psn;
@@ -234,7 +234,7 @@ void Engine::post_slot(Qp &qp) {
   // thread), which sends the batch: back-to-back posts leave in one
   // sendmmsg. Where sending is cheap, a batch of kTxEager goes at once.
   const bool in_flight = qp.una_psn != qp.tx_high;
-  requester_tx(qp);
+  if (!send_single(qp, w)) requester_tx(qp);
   if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
 }
 
@@ -448,7 +448,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // size (the last of a group may be shorter), and the group still fits one
   // UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
-  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < nic_->gso_segments() &&
+  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < grp_max_ &&
                     grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
                     g->ttl == qp.ttl && g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
@@ -497,6 +497,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     grp_open_ = len == grp_size_;
   } else {
     tx_pkts_[tx_count_++] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport, 0, 1};
+    grp_max_ = nic_->gso_segments();   // (asked per group: a backend may lower it when a send fails)
     grp_size_ = grp_bytes_ = len;
     grp_open_ = true;
   }

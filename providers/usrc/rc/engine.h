@@ -105,6 +105,7 @@ class Engine {
  private:
   // requester.cpp
   void requester_tx(Qp &qp);
+  bool send_single(Qp &qp, SendWqe &w);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
@@ -208,7 +209,7 @@ class Engine {
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
   // The last TxPacket as a GSO group: its segment size and bytes.
-  uint32_t grp_size_ = 0, grp_bytes_ = 0;
+  uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;
   bool grp_open_ = false;
   const Tunables &tun_;          // read once (USRC_ICRC_LOCAL, USRC_DIRECT_WRITE, ...)
   // What one receive hands out: a member, so that an empty poll does not

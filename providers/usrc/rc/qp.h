@@ -40,19 +40,20 @@ struct Ring {
   std::vector<T> slots;
   uint64_t head = 0, tail = 0;
   uint64_t inv = 0;   // floor((2^64 - 1) / capacity)
-  void init(uint32_t cap) {
-    slots.assign(cap, T{});
+  uint32_t cap = 0;   // slots.size(), kept (size() divides by sizeof(T))
+  void init(uint32_t n) {
+    slots.assign(n, T{});
     head = tail = 0;
-    inv = UINT64_MAX / cap;
+    cap = n;
+    inv = UINT64_MAX / n;
   }
-  uint32_t capacity() const { return static_cast<uint32_t>(slots.size()); }
-  bool full() const { return tail - head >= slots.size(); }
+  uint32_t capacity() const { return cap; }
+  bool full() const { return tail - head >= cap; }
   bool empty() const { return head == tail; }
   T &at(uint64_t pos) {
     // The quotient estimate is low by at most one: one correction.
-    const uint64_t n = slots.size();
-    uint64_t r = pos - static_cast<uint64_t>((static_cast<unsigned __int128>(pos) * inv) >> 64) * n;
-    if (r >= n) r -= n;
+    uint64_t r = pos - static_cast<uint64_t>((static_cast<unsigned __int128>(pos) * inv) >> 64) * cap;
+    if (r >= cap) r -= cap;
     return slots[r];
   }
 };

@@ -103,6 +103,30 @@ void Engine::requester_tx(Qp &qp) {
   if (qp.una_psn != qp.tx_high && !qp.ack_deadline) arm_retransmit(qp);
 }
 
+// The common small message, sent as it is posted: one packet, all before
+// it sent, room in the window, in RTS, unpaced, no READ or ATOMIC ordering
+// to keep. Does what requester_tx would do for it, without its loop.
+bool Engine::send_single(Qp &qp, SendWqe &w) {
+  if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps ||
+      qp.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence))
+    return false;
+  const uint32_t wnd = qp.send_window();
+  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+  if (used >= wnd) return false;
+  const uint32_t psn = qp.tx_psn, next = psn_add(psn, 1);
+  build_request(qp, w, psn, next, used + 1 >= wnd);
+  qp.tx_high = next;   // (tx_psn == first_psn == the old next_psn: beyond anything sent)
+  if (!qp.rtt_on) {
+    qp.rtt_on = true;
+    qp.rtt_sent = stamp();
+    qp.rtt_psn = psn;
+  }
+  qp.tx_psn = next;
+  qp.tx_pos++;
+  if (!qp.ack_deadline) arm_retransmit(qp);
+  return true;
+}
+
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   uint32_t off = k * qp.pmtu;

@@ -24,6 +24,28 @@ TEST_CASE("a work queue ring finds the slot of any position, as pos % capacity w
   }
 }
 
+TEST_CASE("a work queue ring's head and tail slots follow pop and push around the wrap", "[queue]") {
+  for (uint32_t cap : {1u, 3u, 136u}) {
+    Ring<int> r;
+    r.init(cap);
+    for (uint32_t step = 0; step < 5 * cap + 7; step++) {
+      if (!r.full()) {
+        r.back() = static_cast<int>(r.tail);
+        r.push();
+      }
+      REQUIRE(&r.back() == &r.at(r.tail));
+      if (step % 3 != 0 && !r.empty()) {
+        REQUIRE(r.front() == static_cast<int>(r.head));   // FIFO: what was pushed at that position
+        r.pop();
+      }
+      REQUIRE(&r.front() == &r.at(r.head));
+    }
+    r.clear();
+    CHECK(r.empty());
+    CHECK(&r.front() == &r.slots[0]);
+  }
+}
+
 Completion wc(uint64_t id) { return {id, WcStatus::success, WcOpcode::recv, false, false, 0, 0, 1, 2, 0, 0}; }
 
 TEST_CASE("a full completion queue refuses and reports overflow once", "[queue]") {

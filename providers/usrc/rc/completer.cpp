@@ -11,10 +11,10 @@ namespace usrc::rc {
 static WcOpcode wc_opcode(const SendWqe &w) { return wc_opcode_of(w.wr.opcode); }
 
 void Engine::complete_head(Qp &qp) {
-  SendWqe &w = qp.sq.at(qp.sq.head);
+  SendWqe &w = qp.sq.front();
   if (w.placed) {   // completed when placed
     qp.placed--;
-    qp.sq.head++;
+    qp.sq.pop();
     return;
   }
   if (qp.sq_sig_all || (w.wr.flags & kSignaled))
@@ -23,7 +23,7 @@ void Engine::complete_head(Qp &qp) {
                       : is_rd_atomic(w.wr.opcode)        ? 8u
                                                          : w.length,
                       0, qp.qpn, 0, 0, stamp()});
-  qp.sq.head++;
+  qp.sq.pop();
 }
 
 // una moved forward: restore the retry budgets (forward progress) and
@@ -105,7 +105,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   if (psn_diff(new_una, qp.una_psn) <= 0) return false;
   bool gap = false;
   while (!qp.sq.empty()) {
-    SendWqe &w = qp.sq.at(qp.sq.head);
+    SendWqe &w = qp.sq.front();
     if (is_rd_atomic(w.wr.opcode)) {
       if (psn_le(w.first_psn, psn)) {
         // Acknowledged beyond a READ/ATOMIC whose response we lack.
@@ -160,7 +160,7 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
     return;
   }
   if (qp.sq.empty()) return;
-  SendWqe &w = qp.sq.at(qp.sq.head);
+  SendWqe &w = qp.sq.front();
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   if (w.wr.opcode != WrOpcode::rdma_read || k >= w.npkts) {
     count(Counter::ghost_acks);
@@ -209,7 +209,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
     return;
   }
   if (qp.sq.empty()) return;
-  SendWqe &w = qp.sq.at(qp.sq.head);
+  SendWqe &w = qp.sq.front();
   if (w.first_psn != psn || (w.wr.opcode != WrOpcode::atomic_cmp_swp &&
                              w.wr.opcode != WrOpcode::atomic_fetch_add)) {
     count(Counter::ghost_acks);
@@ -226,7 +226,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
 // The WQE at the head failed: complete it with st, then the QP goes to the
 // Error state and everything behind it is flushed (IBA 10.8.3).
 void Engine::fail_head(Qp &qp, WcStatus st) {
-  if (!qp.sq.empty() && qp.sq.at(qp.sq.head).placed) {
+  if (!qp.sq.empty() && qp.sq.front().placed) {
     // The failure is a placed WRITE's notice (its peer went away before
     // acknowledging it): that WRITE completed when its data landed, so
     // no completion carries the error. The QP fails (the rest flushed)
@@ -236,9 +236,9 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
     return;
   }
   if (!qp.sq.empty()) {
-    SendWqe &w = qp.sq.at(qp.sq.head);
+    SendWqe &w = qp.sq.front();
     push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, stamp()});
-    qp.sq.head++;
+    qp.sq.pop();
   }
   // Reported by the completion, not as an async event (IBA 10.8.3.1).
   set_state(qp, QpState::err);

@@ -50,7 +50,7 @@ void Engine::destroy_qp(Qp *qp) {
   uint64_t t = local_ack_timeout_ns(qp->timeout);
   t = std::min<uint64_t>(t ? t + t / 2 : 100'000'000, 1'000'000'000);
   qp->linger_until = clock_() + t;
-  qp->sq.head = qp->sq.tail = 0;
+  qp->sq.clear();
   qp->placed = 0;
   qp->tx_pos = 0;
   qp->next_psn = qp->tx_psn = qp->tx_high = qp->una_psn;
@@ -87,7 +87,8 @@ void Engine::set_state(Qp &qp, QpState s) {
   qp.state = s;
   switch (s) {
     case QpState::reset:
-      qp.sq.head = qp.sq.tail = qp.rq.head = qp.rq.tail = 0;
+      qp.sq.clear();
+      qp.rq.clear();
       qp.placed = 0;
       qp.tx_pos = 0;
       qp.msn = 0;
@@ -145,16 +146,16 @@ void Engine::flush_queues(Qp &qp) {
   std::erase(ack_list_, &qp);
   qp.ack_pending = false;
   uint64_t now = clock_();
-  for (; !qp.sq.empty(); qp.sq.head++) {
-    SendWqe &w = qp.sq.at(qp.sq.head);
+  for (; !qp.sq.empty(); qp.sq.pop()) {
+    SendWqe &w = qp.sq.front();
     if (w.placed) continue;   // completed when placed
     push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wc_opcode_of(w.wr.opcode), false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
   qp.tx_pos = qp.sq.head;
   qp.placed = 0;
-  for (; !qp.rq.empty(); qp.rq.head++) {
-    RecvWqe &r = qp.rq.at(qp.rq.head);
+  for (; !qp.rq.empty(); qp.rq.pop()) {
+    RecvWqe &r = qp.rq.front();
     push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0,
                       qp.qpn, 0, 0, now});
   }
@@ -189,7 +190,7 @@ void Engine::post_slot(Qp &qp) {
   // At most one clock read for the times this post takes (a round-trip
   // sample's start, the retransmission timer), and only if it takes one.
   Pass pass(*this, 0);
-  SendWqe &w = qp.sq.at(qp.sq.tail);
+  SendWqe &w = qp.sq.back();
   const SendWr &wr = w.wr;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
@@ -211,7 +212,7 @@ void Engine::post_slot(Qp &qp) {
   w.rd_before = qp.rd_posted;
   qp.rd_posted += is_rd_atomic(wr.opcode);
   w.first_psn = qp.next_psn;
-  qp.sq.tail++;
+  qp.sq.push();
 
   if (qp.state == QpState::err || qp.state == QpState::sqe) {
     // Flushed at once (IBA 10.8.3.3); nothing goes on the wire.
@@ -273,11 +274,11 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
 }
 
 void Engine::post_recv_slot(Qp &qp) {
-  RecvWqe &r = qp.rq.at(qp.rq.tail);
+  RecvWqe &r = qp.rq.back();
   uint64_t len = 0;
   for (uint32_t i = 0; i < r.wr.num_sge; i++) len += r.wr.sge[i].length;
   r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
-  qp.rq.tail++;
+  qp.rq.push();
   if (qp.state == QpState::err) flush_queues(qp);
 }
 

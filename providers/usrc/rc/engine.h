@@ -68,11 +68,11 @@ class Engine {
   // The same in two steps, without a copy of the WR: the slot the next
   // send WR goes into (nullptr: the send queue is full), then, once the
   // caller has filled it with a WR that passed post_send's checks, the post.
-  SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.at(qp.sq.tail).wr : nullptr; }
+  SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.back().wr : nullptr; }
   void post_slot(Qp &qp);
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot; the QP must not be in RESET.
-  RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.at(qp.rq.tail).wr; }
+  RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
   void post_recv_slot(Qp &qp);
 
   // Receive and execute a bounded batch, fire expired timers, transmit.

@@ -32,30 +32,40 @@ struct RecvWqe {
   uint32_t length = 0;
 };
 
-// A fixed-capacity FIFO with monotonically increasing positions. A slot is
-// found by multiplying with the capacity's reciprocal, not by a division
-// (a 64-bit divide was a visible part of a small message's cost).
+// A fixed-capacity FIFO with monotonically increasing positions. The slots
+// of the head and the tail are kept as indices (the datapath's common
+// case); any other position's slot is found by multiplying with the
+// capacity's reciprocal, not by a division (a 64-bit divide was a visible
+// part of a small message's cost).
 template <class T>
 struct Ring {
   std::vector<T> slots;
-  uint64_t head = 0, tail = 0;
-  uint64_t inv = 0;   // floor((2^64 - 1) / capacity)
-  uint32_t cap = 0;   // slots.size(), kept (size() divides by sizeof(T))
+  uint64_t head = 0, tail = 0;   // positions: move them with pop() and push() only
   void init(uint32_t n) {
     slots.assign(n, T{});
-    head = tail = 0;
     cap = n;
     inv = UINT64_MAX / n;
+    clear();
   }
+  void clear() { head = tail = 0, hi = ti = 0; }
   uint32_t capacity() const { return cap; }
   bool full() const { return tail - head >= cap; }
   bool empty() const { return head == tail; }
+  T &front() { return slots[hi]; }   // at(head)
+  T &back() { return slots[ti]; }    // at(tail): the next slot to fill
+  void pop() { head++, hi = hi + 1 == cap ? 0 : hi + 1; }
+  void push() { tail++, ti = ti + 1 == cap ? 0 : ti + 1; }
   T &at(uint64_t pos) {
     // The quotient estimate is low by at most one: one correction.
     uint64_t r = pos - static_cast<uint64_t>((static_cast<unsigned __int128>(pos) * inv) >> 64) * cap;
     if (r >= cap) r -= cap;
     return slots[r];
   }
+
+ private:
+  uint64_t inv = 0;   // floor((2^64 - 1) / capacity)
+  uint32_t cap = 0;   // slots.size(), kept (size() divides by sizeof(T))
+  uint32_t hi = 0, ti = 0;   // the slots of head and tail
 };
 
 struct Qp {

@@ -54,7 +54,7 @@ void Engine::requester_tx(Qp &qp) {
       if (rd || (w.wr.flags & kFence)) {
         // READ/ATOMIC requests in flight: those in [head, tx_pos).
         const uint32_t in_flight =
-            qp.sq.head == qp.tx_pos ? 0 : w.rd_before - qp.sq.at(qp.sq.head).rd_before;
+            qp.sq.head == qp.tx_pos ? 0 : w.rd_before - qp.sq.front().rd_before;
         // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
         if ((w.wr.flags & kFence) && in_flight) break;
         // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).

@@ -31,10 +31,10 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
 
 void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
-  RecvWqe &r = qp.rq.at(qp.rq.head);
+  RecvWqe &r = qp.rq.front();
   push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn,
                     qp.dlid, stamp()});
-  qp.rq.head++;
+  qp.rq.pop();
 }
 
 // Scatter len bytes at offset off of the receive WQE's buffers.
@@ -140,7 +140,7 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
 
   if (is_send) {
     if (first) qp.recv_offset = 0;
-    RecvWqe &r = qp.rq.at(qp.rq.head);
+    RecvWqe &r = qp.rq.front();
     if (static_cast<uint64_t>(qp.recv_offset) + len > r.length) {
       // Message longer than the receive buffer: the WQE completes with a
       // local length error and the requester gets an invalid request NAK.

@@ -46,10 +46,10 @@ enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
 };
 
 // READ and ATOMIC: one request, answered with data (IBA 9.4.3, 9.4.5).
-constexpr bool is_rd_atomic(WrOpcode op) {
-  return op == WrOpcode::rdma_read || op == WrOpcode::atomic_cmp_swp ||
-         op == WrOpcode::atomic_fetch_add;
-}
+constexpr bool is_rd_atomic(WrOpcode op) { return op >= WrOpcode::rdma_read; }
+static_assert(WrOpcode::rdma_read < WrOpcode::atomic_cmp_swp &&
+              WrOpcode::rdma_read < WrOpcode::atomic_fetch_add && WrOpcode::send_imm < WrOpcode::rdma_read,
+              "READ and the ATOMICs are the highest WR opcodes");
 constexpr uint32_t kMaxRdAtomic = 16;
 
 constexpr WcOpcode wc_opcode_of(WrOpcode op) {

@@ -44,7 +44,10 @@ uint64_t coarse_ns() {
 // and creating a ring touches none of them.
 struct ShmSlot {
   std::atomic<uint64_t> seq;
-  std::atomic<int32_t> pid;   // the producer that claimed it (0: not yet known)
+  // The producer that claimed it last (0: none yet). Left as it is when
+  // the slot is freed, and stored by a claim only if it differs: the
+  // consumer spins on this cache line, and each store takes it back.
+  std::atomic<int32_t> pid;
   uint32_t len;
   uint32_t src_ip;
   uint16_t src_port;
@@ -511,7 +514,7 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
       const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
       if (d == 0) {
         if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          s->pid.store(pid_, std::memory_order_relaxed);
+          if (s->pid.load(std::memory_order_relaxed) != pid_) s->pid.store(pid_, std::memory_order_relaxed);
           claimed = true;
           break;
         }
@@ -596,9 +599,7 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
   uint64_t head = head_.load(std::memory_order_relaxed);
   // What the last call handed out is done with: free it, in order.
   for (; released_ != head; released_++) {
-    ShmSlot &s = r.slots[released_ & kMask];
-    s.pid.store(0, std::memory_order_relaxed);
-    set_seq(s, released_ & kMask, released_ + kSlots);
+    set_seq(r.slots[released_ & kMask], released_ & kMask, released_ + kSlots);
   }
   // The socket's turn: every call while it carries traffic (a peer off
   // this host), else every 16th, with room kept for it in a full batch so

@@ -428,11 +428,15 @@ Engine::TxSlot &Engine::tx_slot() {
 }
 
 // Finishes the packet being built in tx_slot(): iov[0] = headers,
-// iov[1..pieces] = payload, then pad and ICRC (RoCEv2: IBA A16.4.1).
+// iov[1..pieces] = payload, then pad and ICRC (RoCEv2: IBA A16.4.1). With
+// no pieces, payload_len bytes of payload are behind the headers already.
 void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces) {
   TxSlot &s = tx_slots_[tx_nslots_];
   const uint8_t pad = wire::pad_for(payload_len);
-  if (pieces && payload_len <= kTxCopy) {
+  if (!pieces) {
+    hdr_len += payload_len;   // (the caller copied it behind the headers)
+    payload_len = 0;
+  } else if (payload_len <= kTxCopy) {
     // A small payload goes behind the headers (see kTxCopy).
     uint8_t *p = s.hdr + hdr_len;
     for (size_t i = 1; i <= pieces; i++) {

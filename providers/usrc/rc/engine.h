@@ -141,7 +141,7 @@ class Engine {
   void check_drained(Qp &qp);
   struct TxSlot;
   TxSlot &tx_slot();
-  void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t extra_iov);
+  void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces);
   void tx_flush();    // the pending ACKs, then the batch
   void send_batch();  // the batch as it is
   void build_acks();

@@ -178,6 +178,11 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
     p += wire::kImmDtLen;
   }
   const size_t hl = static_cast<size_t>(p - s.hdr);
+  if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
+    // A small message in one buffer: copied behind the headers here.
+    std::memcpy(p, w.wr.sge[0].addr, len);
+    return tx_commit(qp, hl, len, 0);
+  }
   // Gather the payload straight from the registered buffers (no copy).
   size_t pieces = 0;
   uint32_t skip = off, need = len;

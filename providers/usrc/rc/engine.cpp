@@ -289,9 +289,14 @@ size_t Engine::progress(bool app, uint64_t now) {
   const auto &t = tun_;
   net::RxPacket *pkts = rx_pkts_.data();
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());
-  // Bounded work per call: at most four batches.
+  // Bounded work per call: at most four batches, one for the
+  // application's poll. It calls in again as soon as it has taken the
+  // completions, and the ACKs of what it received leave now rather than
+  // after three more batches: a stream's sender gets its window back
+  // sooner and works while the receiver does (a batch of 32 64-byte
+  // SENDs is about 2 us of work here).
   size_t received = 0;
-  for (int round = 0; round < 4; round++) {
+  for (int round = 0, rounds = app ? 1 : 4; round < rounds; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n; i++) {
       // A packet another core wrote (a shared-memory ring) is a cache miss:

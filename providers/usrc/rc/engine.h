@@ -106,6 +106,7 @@ class Engine {
   // requester.cpp
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);
+  void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);

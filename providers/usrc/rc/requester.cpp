@@ -87,20 +87,25 @@ void Engine::requester_tx(Qp &qp) {
     // The packet that fills the window asks for an ACK: nothing else would
     // open it again but the Local ACK Timeout.
     build_request(qp, w, qp.tx_psn, next, static_cast<uint32_t>(psn_diff(next, qp.una_psn)) >= wnd);
-    if (psn_diff(next, qp.tx_high) > 0) {
-      qp.tx_high = next;
-      if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
-        qp.rtt_on = true;
-        qp.rtt_sent = stamp();
-        qp.rtt_psn = qp.tx_psn;
-      }
-    } else {
-      count(Counter::retransmits);
-    }
-    qp.tx_psn = next;
-    if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
+    sent(qp, w, next);
   }
   if (qp.una_psn != qp.tx_high && !qp.ack_deadline) arm_retransmit(qp);
+}
+
+// The requester's state after the packets [tx_psn, next) of w were built.
+void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
+  if (psn_diff(next, qp.tx_high) > 0) {
+    qp.tx_high = next;
+    if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
+      qp.rtt_on = true;
+      qp.rtt_sent = stamp();
+      qp.rtt_psn = qp.tx_psn;
+    }
+  } else {
+    count(Counter::retransmits);
+  }
+  qp.tx_psn = next;
+  if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
 }
 
 // The common small message, sent as it is posted: one packet, all before
@@ -113,16 +118,9 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
   const uint32_t wnd = qp.send_window();
   const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
   if (used >= wnd) return false;
-  const uint32_t psn = qp.tx_psn, next = psn_add(psn, 1);
-  build_request(qp, w, psn, next, used + 1 >= wnd);
-  qp.tx_high = next;   // (tx_psn == first_psn == the old next_psn: beyond anything sent)
-  if (!qp.rtt_on) {
-    qp.rtt_on = true;
-    qp.rtt_sent = stamp();
-    qp.rtt_psn = psn;
-  }
-  qp.tx_psn = next;
-  qp.tx_pos++;
+  const uint32_t next = psn_add(qp.tx_psn, 1);
+  build_request(qp, w, qp.tx_psn, next, used + 1 >= wnd);
+  sent(qp, w, next);
   if (!qp.ack_deadline) arm_retransmit(qp);
   return true;
 }

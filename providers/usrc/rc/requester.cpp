@@ -125,6 +125,102 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
   return true;
 }
 
+// Whether a WR of len bytes, just written into the send queue's next slot,
+// can take post_small(): a SEND or an RDMA WRITE (with or without
+// immediate data) of at most one buffer that fits one packet and the copy
+// limit, on a QP in RTS with everything before it sent, room in the
+// window, no RNR wait, no pacing, no fence, and no direct placement.
+bool Engine::small_path(const Qp &qp, const SendWr &wr, uint64_t len) const {
+  if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
+      (wr.flags & kFence) || qp.state != QpState::rts || qp.tx_psn != qp.next_psn ||
+      qp.rnr_deadline || qp.rate_bps ||
+      static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= qp.send_window())
+    return false;
+  // (A WRITE to a peer on this host may be placed: the general path.)
+  return !qp.local_path || len > tun_.direct_write ||
+         (wr.opcode != WrOpcode::rdma_write && wr.opcode != WrOpcode::rdma_write_imm);
+}
+
+// Copies n <= kTxCopy bytes with a few unaligned vector moves: a memcpy
+// of a size the compiler knows to be small may become `rep movs`, whose
+// start-up costs more than the whole copy.
+static inline void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
+  if (n >= 16) {
+    size_t i = 0;
+    for (; i + 16 < n; i += 16) __builtin_memcpy(d + i, s + i, 16);
+    __builtin_memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8) {
+    __builtin_memcpy(d, s, 8);
+    __builtin_memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4) {
+    __builtin_memcpy(d, s, 4);
+    __builtin_memcpy(d + n - 4, s + n - 4, 4);
+  } else {
+    for (size_t i = 0; i < n; i++) d[i] = s[i];
+  }
+}
+
+// post_slot() for what small_path() allows, in one pass: the WQE takes its
+// PSN and the packet is built straight into the transmit batch, its
+// payload behind its headers. The same packet and the same requester
+// state as post_slot(), send_single() and build_request() make for it.
+void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
+  static constexpr uint8_t kOnly[] = {
+      uint8_t(Opcode::RC_WRITE_ONLY), uint8_t(Opcode::RC_WRITE_ONLY_IMM),
+      uint8_t(Opcode::RC_SEND_ONLY), uint8_t(Opcode::RC_SEND_ONLY_IMM)};
+  static_assert(int(WrOpcode::rdma_write) == 0 && int(WrOpcode::rdma_write_imm) == 1 &&
+                int(WrOpcode::send) == 2 && int(WrOpcode::send_imm) == 3);
+  SendWr &wr = w.wr;
+  const uint8_t *src = wr.num_sge ? wr.sge[0].addr : nullptr;
+  if (wr.flags & kInline) {
+    // Inline data is copied now: the caller may reuse its buffer at once.
+    copy_small(w.inline_data, src, len);
+    src = w.inline_data;
+    wr.num_sge = 1;
+    wr.sge[0] = {w.inline_data, len};
+  }
+  const uint32_t psn = qp.next_psn, next = psn_add(psn, 1);
+  w.length = len;
+  w.placed = false;
+  w.npkts = 1;
+  w.rd_before = qp.rd_posted;
+  w.first_psn = psn;
+  qp.polls_at_post = polls.load(std::memory_order_relaxed);
+  qp.sq.push();
+  qp.next_psn = next;
+  const bool in_flight = qp.una_psn != qp.tx_high;
+
+  const uint8_t op = kOnly[static_cast<uint32_t>(wr.opcode)];
+  TxSlot &s = tx_slot();
+  uint8_t *p = s.hdr;
+  wire::put_bth(p, op, wr.flags & kSolicited, wire::pad_for(len), qp.dest_qpn, true, psn);
+  p += wire::kBthLen;
+  if (op == uint8_t(Opcode::RC_WRITE_ONLY) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
+    wire::put_reth(p, wr.remote_va, wr.rkey, len);
+    p += wire::kRethLen;
+  }
+  if (op == uint8_t(Opcode::RC_SEND_ONLY_IMM) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
+    std::memcpy(p, &wr.imm_be, 4);
+    p += wire::kImmDtLen;
+  }
+  copy_small(p, src, len);
+  p += len;
+  if (qp.local_path && !tun_.icrc_local) {
+    // To a peer on this host: pad and ICRC are zeros (see tx_commit).
+    std::memset(p, 0, 8);
+    const uint32_t total = static_cast<uint32_t>(p - s.hdr) + wire::pad_for(len) + wire::kIcrcLen;
+    const bool join = joins(qp, total);
+    wire::set_seg(s.hdr, join ? static_cast<uint8_t>(tx_pkts_[tx_count_ - 1].segs) : 0);
+    s.iov[0] = {s.hdr, total};
+    tx_group(qp, s, 1, total, join);
+  } else {
+    tx_commit(qp, static_cast<size_t>(p - s.hdr) - len, len, 0);
+  }
+  sent(qp, w, next);
+  if (!qp.ack_deadline) arm_retransmit(qp);
+  if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
+}
+
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
   uint32_t off = k * qp.pmtu;

@@ -53,6 +53,49 @@ static void scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t
   }
 }
 
+// The common request on its own short path: a SEND ONLY (with or without
+// immediate data) from the peer of a QP on this host, without an ICRC, in
+// order, into a posted receive that holds it. Everything else, and every
+// packet this does not take (false), goes through parse() and
+// responder_rx(), which check, NAK, drop and count what is wrong with it;
+// what this one takes they would handle the same way.
+bool Engine::fast_send_only(const net::RxPacket &pkt) {
+  const uint8_t *b = pkt.data;
+  if (pkt.len < wire::kBthLen + wire::kIcrcLen) return false;
+  const bool imm = b[0] == uint8_t(Opcode::RC_SEND_ONLY_IMM);
+  if (b[0] != uint8_t(Opcode::RC_SEND_ONLY) && !imm) return false;
+  const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
+  const uint32_t hl = wire::kBthLen + (imm ? wire::kImmDtLen : 0);
+  if ((w0 & 0xf0000) != 0 || pkt.len < hl + wire::kIcrcLen) return false;   // TVer 0
+  const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = (w0 >> 20) & 3;
+  if ((body & 3) || pad > body || wire::get_be32(b + pkt.len - wire::kIcrcLen) != 0) return false;
+  Qp *qp = find_qp(w1 & 0xffffff);
+  // No ICRC is accepted only from this host: the QP's peer, on a local path.
+  if (!qp || !qp->local_path || pkt.src != qp->peer || qp->linger_until || !qp->comm_est ||
+      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg ||
+      (w2 & 0xffffff) != qp->epsn || qp->rq.empty())
+    return false;
+  const uint32_t len = body - pad;
+  RecvWqe &r = qp->rq.front();
+  if (len > qp->pmtu || len > r.length) return false;
+  count(Counter::rx_packets);
+  count(Counter::rx_bytes, pkt.len);
+  scatter(r, 0, b + hl, len);
+  qp->recv_offset = len;
+  uint32_t imm_be = 0;
+  if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
+  complete_recv(*qp, WcStatus::success, WcOpcode::recv, len, imm, imm_be, w0 & 0x800000);
+  qp->in_send = true;
+  qp->msn = msn_add(qp->msn, 1);
+  qp->epsn = psn_add(qp->epsn, 1);
+  qp->nak_sent = false;
+  if (w2 & 0x80000000u) {
+    if (!qp->ack_pending) ack_list_.push_back(qp);
+    qp->ack_pending = true;
+  }
+  return true;
+}
+
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
   const int32_t d = psn_diff(psn, qp.epsn);

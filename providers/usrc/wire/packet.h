@@ -161,6 +161,11 @@ inline void put_be32(uint8_t *p, uint32_t v) {
   v = __builtin_bswap32(v);
   __builtin_memcpy(p, &v, 4);
 }
+inline uint32_t get_be32(const uint8_t *p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return __builtin_bswap32(v);
+}
 inline void put_bth(uint8_t *p, uint8_t opcode, bool se, uint8_t pad, uint32_t dest_qp,
                     bool ack_req, uint32_t psn) {
   put_be32(p, uint32_t(opcode) << 24 | uint32_t((se ? 0x80 : 0) | pad << 4) << 16 | 0xffff);

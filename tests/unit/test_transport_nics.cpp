@@ -37,7 +37,22 @@ struct NoMem final : MemoryAccess {
 
 using Opener = std::function<std::unique_ptr<net::Nic>(net::Endpoint, std::string *)>;
 
-void run_backend(const char *name, Opener open) {
+// How run_backend's sender and receiver behave. Default: 200 SENDs of 0 to
+// 8000 bytes, each receive posted up front, the QPs not taken for local.
+struct Mode {
+  // The QPs take each other for peers on this host (Qp::local_path, no
+  // ICRC): with the shared-memory ring, small messages are built in place
+  // (Engine::send_direct).
+  bool local = false;
+  // 2000 messages, most of them small (0 to 256 bytes, some with
+  // immediate data), the rest up to 8000 bytes or in two buffers.
+  bool small_mix = false;
+  // Half the receives are posted only after a while: RNR NAKs, and the
+  // sender's go-back-N resend once they are there.
+  bool late_recvs = false;
+};
+
+void run_backend(const char *name, Opener open, Mode mode = {}) {
   constexpr uint16_t kBase = 26000;
   net::Endpoint ea{0x7f000001, kBase + 1}, eb{0x7f000001, kBase + 2};
   std::string err;
@@ -51,8 +66,9 @@ void run_backend(const char *name, Opener open) {
   Engine a(std::move(na), 1, kBase, wall_ns, &mem, nullptr);
   Engine b(std::move(nb), 2, kBase, wall_ns, &mem, nullptr);
   a.max_window = b.max_window = 32;
-  Qp *qa = a.create_qp(1024, 1024), *qb = b.create_qp(1024, 1024);
-  auto connect = [](Engine &e, Qp &q, Cq &s, Cq &r, const Qp &peer, net::Endpoint pe) {
+  Qp *qa = a.create_qp(4096, 4096), *qb = b.create_qp(4096, 4096);
+  const bool local = mode.local;
+  auto connect = [local](Engine &e, Qp &q, Cq &s, Cq &r, const Qp &peer, net::Endpoint pe) {
     q.send_cq = &s;
     q.recv_cq = &r;
     q.dest_qpn = peer.qpn;
@@ -62,6 +78,7 @@ void run_backend(const char *name, Opener open) {
     q.retry_cnt = 7;
     q.rnr_retry = 7;
     q.min_rnr_timer = 1;
+    q.local_path = local;
     e.nic().add_peer(pe);
     e.set_state(q, QpState::init);
     e.set_rq_psn(q, 0);
@@ -71,48 +88,73 @@ void run_backend(const char *name, Opener open) {
   };
   connect(a, *qa, scq, unused, *qb, eb);
   connect(b, *qb, unused, rcq, *qa, ea);
+  if (mode.local) REQUIRE(qa->in_place);   // (a ring between them)
 
-  constexpr int n = 200;
+  const int n = mode.small_mix ? 2000 : 200;
   std::mt19937 rng(5);
+  auto size = [&] {
+    const bool small = mode.small_mix && rng() % 10 < 8;
+    return std::uniform_int_distribution<uint32_t>(0, small ? 256 : 8000)(rng);
+  };
   std::vector<std::vector<uint8_t>> tx(n), rx(n);
-  for (int i = 0; i < n; i++) {
-    tx[i].resize(std::uniform_int_distribution<uint32_t>(0, 8000)(rng));
-    for (auto &x : tx[i]) x = static_cast<uint8_t>(rng());
+  auto post_recv = [&](int i) {
     rx[i].assign(8192, 0);
     RecvWr r;
     r.wr_id = i;
     r.num_sge = 1;
     r.sge[0] = {rx[i].data(), 8192};
     REQUIRE(b.post_recv(*qb, r) == 0);
+  };
+  int recvs = mode.late_recvs ? n / 2 : n;
+  for (int i = 0; i < n; i++) {
+    tx[i].resize(size());
+    for (auto &x : tx[i]) x = static_cast<uint8_t>(rng());
+    if (i < recvs) post_recv(i);
   }
   for (int i = 0; i < n; i++) {
     SendWr w;
     w.wr_id = i;
-    w.opcode = WrOpcode::send;
+    w.opcode = mode.small_mix && i % 5 == 0 ? WrOpcode::send_imm : WrOpcode::send;
+    w.imm_be = 0x5000 + i;
     w.flags = kSignaled;
+    const uint32_t len = static_cast<uint32_t>(tx[i].size());
     w.num_sge = 1;
-    w.sge[0] = {tx[i].data(), static_cast<uint32_t>(tx[i].size())};
+    w.sge[0] = {tx[i].data(), len};
+    if (mode.small_mix && i % 7 == 0 && len > 1) {   // two buffers: never built in place
+      w.num_sge = 2;
+      w.sge[0].length = len / 2;
+      w.sge[1] = {tx[i].data() + len / 2, len - len / 2};
+    }
     REQUIRE(a.post_send(*qa, w) == 0);
   }
   std::vector<Completion> sc, rc;
   Completion c[64];
-  for (uint64_t end = wall_ns() + 10'000'000'000ull; wall_ns() < end;) {
+  const uint64_t start = wall_ns();
+  for (uint64_t end = start + 10'000'000'000ull; wall_ns() < end;) {
     a.progress();
     b.progress();
     while (size_t k = scq.poll(c, 64)) sc.insert(sc.end(), c, c + k);
     while (size_t k = rcq.poll(c, 64)) rc.insert(rc.end(), c, c + k);
-    if (sc.size() == n && rc.size() == n) break;
+    if (recvs < n && wall_ns() > start + 20'000'000 &&
+        b.counters[uint32_t(Counter::rnr_naks_sent)] > 0)
+      while (recvs < n) post_recv(recvs++);
+    if (sc.size() == size_t(n) && rc.size() == size_t(n)) break;
   }
   INFO("backend " << name);
   REQUIRE(sc.size() == size_t(n));
   REQUIRE(rc.size() == size_t(n));
   for (int i = 0; i < n; i++) {
+    INFO("message " << i << " of " << tx[i].size() << " bytes");
     REQUIRE(sc[i].status == WcStatus::success);
+    REQUIRE(sc[i].wr_id == uint64_t(i));
     REQUIRE(rc[i].status == WcStatus::success);
     REQUIRE(rc[i].wr_id == uint64_t(i));
     REQUIRE(rc[i].byte_len == tx[i].size());
+    REQUIRE(rc[i].with_imm == (mode.small_mix && i % 5 == 0));
+    if (rc[i].with_imm) REQUIRE(rc[i].imm_be == 0x5000u + i);
     REQUIRE(std::equal(tx[i].begin(), tx[i].end(), rx[i].begin()));
   }
+  if (mode.late_recvs) CHECK(a.counters[uint32_t(Counter::retransmits)] > 0);
 }
 
 }  // namespace
@@ -227,6 +269,23 @@ TEST_CASE("transport over the udp backend with the shared-memory ring", "[nic]")
     std::unique_ptr<net::Nic> u = net::UdpNic::open(e, 4 << 20, 32, 64, &en, err);
     return u ? net::ShmNic::wrap(u, err) : nullptr;
   });
+}
+
+// Small messages to a local peer are built in place in its ring
+// (Engine::send_direct), mixed with messages that are not, and resent
+// that way after RNR NAKs.
+TEST_CASE("transport over the shared-memory ring, small messages built in place", "[nic]") {
+  auto open = [](net::Endpoint e, std::string *err) -> std::unique_ptr<net::Nic> {
+    int en = 0;
+    std::unique_ptr<net::Nic> u = net::UdpNic::open(e, 4 << 20, 32, 64, &en, err);
+    return u ? net::ShmNic::wrap(u, err) : nullptr;
+  };
+  SECTION("a mix of sizes, buffers and immediate data") {
+    run_backend("udp+shm local", open, {.local = true, .small_mix = true});
+  }
+  SECTION("receives posted late: RNR NAKs, then resent") {
+    run_backend("udp+shm local, late receives", open, {.local = true, .small_mix = true, .late_recvs = true});
+  }
 }
 
 TEST_CASE("shm: a segmented send arrives as its datagrams, from the sender's endpoint", "[nic]") {

@@ -79,6 +79,17 @@ class Nic {
   // the receiver works on them meanwhile, instead of all at the end of a
   // burst of posts (where a sender that waits for their ACKs would stall).
   virtual bool cheap_send(Endpoint) { return false; }
+  // Building in place, where the medium allows it (a shared-memory ring):
+  // tx_begin() gives a buffer of *room bytes for datagrams to dst from our
+  // UDP port src_port (0: local().port), which the caller writes back to
+  // back, all of seg bytes but the last (which may be shorter), and hands
+  // to tx_end() with their total length (at least one datagram; nothing
+  // else is called on the NIC in between). nullptr: no such buffer now
+  // (none for this peer, or no room): send() instead.
+  virtual uint8_t *tx_begin(Endpoint /*dst*/, uint16_t /*src_port*/, size_t * /*room*/) {
+    return nullptr;
+  }
+  virtual void tx_end(size_t /*len*/, size_t /*seg*/) {}
   // Datagrams already received from the kernel and not yet handed out by
   // recv() (the rest of a coalesced receive), which wait_fd() does not
   // show, or a stream whose next datagrams are likely waiting: call recv()

@@ -499,33 +499,46 @@ bool ShmNic::set_gate(uint32_t tag, const Gate &g) {
   return listed;
 }
 
+// Claims the next free slot of r, or nullptr if the ring is full. (Bounded:
+// a ring whose numbers make no sense drops rather than spins.)
+ShmSlot *ShmNic::claim(ShmRing &r, uint64_t *pos_out) {
+  uint64_t pos = r.tail.load(std::memory_order_relaxed);
+  for (int tries = 0; tries < 4096; tries++) {
+    const uint64_t idx = pos & kMask;
+    ShmSlot *s = &r.slots[idx];
+    const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
+    if (d == 0) {
+      if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+        if (s->pid.load(std::memory_order_relaxed) != pid_) s->pid.store(pid_, std::memory_order_relaxed);
+        *pos_out = pos;
+        return s;
+      }
+    } else if (d < 0) {
+      return nullptr;   // full
+    } else {
+      pos = r.tail.load(std::memory_order_relaxed);
+    }
+  }
+  return nullptr;
+}
+
+// Hands a filled slot to the consumer: len bytes, as datagrams of seg bytes
+// (seg >= len: one datagram).
+void ShmNic::publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t seg) {
+  s.len = static_cast<uint32_t>(len);
+  s.src_ip = src.ip;
+  s.src_port = src.port;
+  s.seg = static_cast<uint16_t>(seg < len ? seg : 0);
+  set_seq(s, pos & kMask, pos + 1);
+}
+
 // Copies the next len bytes at the iovec cursor into a claimed slot, as
 // datagrams of seg bytes (0: one datagram); the cursor moves past them
 // whether or not a slot was free.
 bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg) {
-  ShmSlot *s = nullptr;
-  uint64_t pos = r.tail.load(std::memory_order_relaxed), idx = 0;
-  bool claimed = false;
-  if (len <= kSlotData) {
-    // (Bounded: a ring whose numbers make no sense drops rather than spins.)
-    for (int tries = 0; tries < 4096; tries++) {
-      idx = pos & kMask;
-      s = &r.slots[idx];
-      const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
-      if (d == 0) {
-        if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-          if (s->pid.load(std::memory_order_relaxed) != pid_) s->pid.store(pid_, std::memory_order_relaxed);
-          claimed = true;
-          break;
-        }
-      } else if (d < 0) {
-        break;   // full
-      } else {
-        pos = r.tail.load(std::memory_order_relaxed);
-      }
-    }
-  }
-  uint8_t *dst = claimed ? s->data : nullptr;
+  uint64_t pos = 0;
+  ShmSlot *s = len <= kSlotData ? claim(r, &pos) : nullptr;
+  uint8_t *dst = s ? s->data : nullptr;
   for (size_t need = len; need;) {
     const size_t take = std::min(iov->iov_len - off, need);
     if (dst) {
@@ -536,13 +549,26 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
     off += take;
     if (off == iov->iov_len) iov++, off = 0;
   }
-  if (!claimed) return false;
-  s->len = static_cast<uint32_t>(len);
-  s->src_ip = src.ip;
-  s->src_port = src.port;
-  s->seg = static_cast<uint16_t>(seg < len ? seg : 0);
-  set_seq(*s, idx, pos + 1);
+  if (!s) return false;
+  publish(*s, pos, src, len, seg);
   return true;
+}
+
+uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
+  ShmRing *r = ring_of(find_peer(dst));
+  uint64_t pos = 0;
+  ShmSlot *s = r ? claim(*r, &pos) : nullptr;
+  if (!s) return nullptr;
+  const Endpoint me = inner_->local();
+  open_ = {r, s, pos, dst, {me.ip, src_port ? src_port : me.port}};
+  *room = kSlotData;
+  return s->data;
+}
+
+void ShmNic::tx_end(size_t len, size_t seg) {
+  publish(*open_.slot, open_.pos, open_.src, len, seg);
+  ring_if_asleep(*open_.ring, open_.dst);
+  open_.slot = nullptr;
 }
 
 // After a run of datagrams published to r: a consumer about to sleep
@@ -579,10 +605,14 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
     for (size_t i = 0; i < p.iovcnt; i++) total += p.iov[i].iov_len;
     if (!total) continue;   // (no such datagram: nothing to copy)
     const size_t seg = p.segs > 1 && p.gso_size ? p.gso_size : total;
-    // As many whole segments per slot as fit.
-    const size_t chunk = seg <= kSlotData ? kSlotData / seg * seg : seg;
     const iovec *iov = p.iov;
     size_t off = 0;
+    if (total <= kSlotData) {   // (the common case: one slot, no divisions)
+      if (push(*r, src, iov, off, total, seg)) sent += p.segs;
+      continue;
+    }
+    // As many whole segments per slot as fit.
+    const size_t chunk = seg <= kSlotData ? kSlotData / seg * seg : seg;
     for (size_t left = total; left;) {
       const size_t len = std::min(chunk, left);
       if (push(*r, src, iov, off, len, seg)) sent += (len + seg - 1) / seg;

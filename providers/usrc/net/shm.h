@@ -27,6 +27,7 @@
 namespace usrc::net {
 
 struct ShmRing;
+struct ShmSlot;
 
 class ShmNic final : public Nic {
  public:
@@ -41,6 +42,8 @@ class ShmNic final : public Nic {
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
   bool cheap_send(Endpoint dst) override { return ring_of(find_peer(dst)) != nullptr; }
+  uint8_t *tx_begin(Endpoint dst, uint16_t src_port, size_t *room) override;
+  void tx_end(size_t len, size_t seg) override;
   bool rx_pending() const override;
   void add_peer(Endpoint e) override;
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }
@@ -71,7 +74,9 @@ class ShmNic final : public Nic {
   ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
   Peer *find_peer(Endpoint e);
   ShmRing *ring_of(Peer *p);   // the peer's ring if it is still open
+  ShmSlot *claim(ShmRing &r, uint64_t *pos);
   bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
+  void publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t seg);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
   std::unique_ptr<Nic> inner_;
@@ -94,6 +99,14 @@ class ShmNic final : public Nic {
   uint32_t udp_hot_ = 0, udp_skip_ = 0;
   std::atomic<bool> udp_now_{false};   // the progress thread woke: look at once
   std::vector<TxPacket> udp_tx_;
+  // Between tx_begin() and tx_end(): the slot claimed, its ring position,
+  // where it goes and from which endpoint.
+  struct {
+    ShmRing *ring = nullptr;
+    ShmSlot *slot = nullptr;
+    uint64_t pos = 0;
+    Endpoint dst, src;
+  } open_;
 };
 
 }  // namespace usrc::net

@@ -92,7 +92,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.placed = 0;
       qp.tx_pos = 0;
       qp.msn = 0;
-      qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = false;
+      qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = qp.small_run = false;
       qp.tail_at_hold = ~0ull;
       qp.ack_deadline = qp.rnr_deadline = qp.rto_deadline = 0;
       qp.srtt = qp.rttvar = 0;
@@ -107,6 +107,9 @@ void Engine::set_state(Qp &qp, QpState s) {
         qp.retry_left = qp.retry_cnt;
         qp.rnr_left = qp.rnr_retry;
       }
+      // (Looked up once: a ring that closes since makes tx_begin() fail,
+      // and the packets go the usual way.)
+      qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
       requester_tx(qp);
       tx_flush();
       break;
@@ -194,7 +197,19 @@ void Engine::post_slot(Qp &qp) {
   const SendWr &wr = w.wr;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
-  if (small_path(qp, wr, len)) return post_small(qp, w, static_cast<uint32_t>(len));
+  if (small_wr(qp, wr, len)) {
+    // Built in place with what is still unsent, if that is all small
+    // messages posted the same way; else built now, if nothing is unsent
+    // and the window has room.
+    if (qp.in_place) {
+      if (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0))
+        return post_small(qp, w, static_cast<uint32_t>(len), true);
+    } else if (qp.tx_psn == qp.next_psn &&
+               static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window()) {
+      return post_small(qp, w, static_cast<uint32_t>(len), false);
+    }
+  }
+  qp.small_run = false;
   const bool placed = place(qp, wr, len);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   w.length = static_cast<uint32_t>(len);

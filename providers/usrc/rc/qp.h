@@ -89,6 +89,9 @@ struct Qp {
   // The peer is on this host (net::Nic::same_host): packets to it carry no
   // ICRC unless USRC_ICRC_LOCAL is set.
   bool local_path = false;
+  // ... and packets to it are built in place in its shared-memory ring
+  // (net::Nic::tx_begin), without an ICRC: set on entering RTS.
+  bool in_place = false;
   // Packet pacing (static rate / IBV_QP_RATE_LIMIT): bits per second, 0 =
   // unpaced; the earliest time the next packet may leave.
   uint64_t rate_bps = 0;
@@ -123,6 +126,11 @@ struct Qp {
   uint32_t rd_posted = 0;     // READs and ATOMICs ever posted (wraps)
   uint32_t tx_psn = 0;        // next PSN to put on the wire
   uint32_t tx_high = 0;       // one past the highest PSN ever sent
+  // The unsent WQEs from PSN small_tail on are small ones that
+  // Engine::post_small left to be built in place with the next ones
+  // (small_run: the last post was one of those).
+  uint32_t small_tail = 0;
+  bool small_run = false;
   uint32_t window = 64;       // max packets in flight
   // Loss response (not in the IBA, which leaves flow control to the
   // fabric): go-back-N resends everything after a lost packet, so the

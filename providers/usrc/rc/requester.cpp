@@ -39,6 +39,8 @@ static Opcode request_opcode(const SendWqe &w, uint32_t k) {
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
+  if (qp.state == QpState::rts && !qp.rate_bps && qp.tx_psn != qp.next_psn && qp.in_place)
+    send_direct(qp);
   uint32_t cap = tun_.retransmit_cap;
   while (qp.tx_psn != qp.next_psn && cap--) {
     const uint32_t wnd = qp.send_window();
@@ -128,13 +130,11 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
 // Whether a WR of len bytes, just written into the send queue's next slot,
 // can take post_small(): a SEND or an RDMA WRITE (with or without
 // immediate data) of at most one buffer that fits one packet and the copy
-// limit, on a QP in RTS with everything before it sent, room in the
-// window, no RNR wait, no pacing, no fence, and no direct placement.
-bool Engine::small_path(const Qp &qp, const SendWr &wr, uint64_t len) const {
+// limit, no fence and no direct placement, on a QP in RTS with no RNR wait
+// and no pacing. (post_slot() adds what must be sent before it.)
+bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
   if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
-      (wr.flags & kFence) || qp.state != QpState::rts || qp.tx_psn != qp.next_psn ||
-      qp.rnr_deadline || qp.rate_bps ||
-      static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= qp.send_window())
+      (wr.flags & kFence) || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps)
     return false;
   // (A WRITE to a peer on this host may be placed: the general path.)
   return !qp.local_path || len > tun_.direct_write ||
@@ -160,22 +160,52 @@ static inline void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
   }
 }
 
-// post_slot() for what small_path() allows, in one pass: the WQE takes its
-// PSN and the packet is built straight into the transmit batch, its
-// payload behind its headers. The same packet and the same requester
-// state as post_slot(), send_single() and build_request() make for it.
-void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
-  static constexpr uint8_t kOnly[] = {
-      uint8_t(Opcode::RC_WRITE_ONLY), uint8_t(Opcode::RC_WRITE_ONLY_IMM),
-      uint8_t(Opcode::RC_SEND_ONLY), uint8_t(Opcode::RC_SEND_ONLY_IMM)};
-  static_assert(int(WrOpcode::rdma_write) == 0 && int(WrOpcode::rdma_write_imm) == 1 &&
-                int(WrOpcode::send) == 2 && int(WrOpcode::send_imm) == 3);
+static constexpr uint8_t kOnly[] = {
+    uint8_t(Opcode::RC_WRITE_ONLY), uint8_t(Opcode::RC_WRITE_ONLY_IMM),
+    uint8_t(Opcode::RC_SEND_ONLY), uint8_t(Opcode::RC_SEND_ONLY_IMM)};
+static_assert(int(WrOpcode::rdma_write) == 0 && int(WrOpcode::rdma_write_imm) == 1 &&
+              int(WrOpcode::send) == 2 && int(WrOpcode::send_imm) == 3);
+
+// The headers and payload of small WQE w's one packet (see small_wr()) at
+// p, with PSN psn; returns where the payload ends (the pad and ICRC go
+// there).
+static uint8_t *put_small(const Qp &qp, const SendWqe &w, uint32_t psn, uint8_t *p) {
+  const SendWr &wr = w.wr;
+  const uint8_t op = kOnly[static_cast<uint32_t>(wr.opcode)];
+  wire::put_bth(p, op, wr.flags & kSolicited, wire::pad_for(w.length), qp.dest_qpn, true, psn);
+  p += wire::kBthLen;
+  if (op == uint8_t(Opcode::RC_WRITE_ONLY) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
+    wire::put_reth(p, wr.remote_va, wr.rkey, w.length);
+    p += wire::kRethLen;
+  }
+  if (op == uint8_t(Opcode::RC_SEND_ONLY_IMM) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
+    std::memcpy(p, &wr.imm_be, 4);
+    p += wire::kImmDtLen;
+  }
+  if (w.length) copy_small(p, wr.sge[0].addr, w.length);
+  return p + w.length;
+}
+
+// Pad and ICRC behind a payload that ends at p, for a peer on this host:
+// zeros (see tx_commit). Returns the end of the packet.
+static uint8_t *put_local_trailer(uint8_t *p, uint32_t payload_len) {
+  std::memset(p, 0, 4);
+  p += wire::pad_for(payload_len);
+  std::memset(p, 0, 4);
+  return p + wire::kIcrcLen;
+}
+
+// post_slot() for what small_wr() allows, in one pass. The WQE takes its
+// PSN; then, to a peer reached in place (Qp::in_place), its packet is built
+// with the ones posted after it (send_direct), at once if nothing is in
+// flight or kTxEager wait; elsewhere it is built now, into the transmit
+// batch. The same packets and requester state as post_slot(),
+// send_single() and build_request() make.
+void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place) {
   SendWr &wr = w.wr;
-  const uint8_t *src = wr.num_sge ? wr.sge[0].addr : nullptr;
   if (wr.flags & kInline) {
     // Inline data is copied now: the caller may reuse its buffer at once.
-    copy_small(w.inline_data, src, len);
-    src = w.inline_data;
+    copy_small(w.inline_data, wr.num_sge ? wr.sge[0].addr : nullptr, len);
     wr.num_sge = 1;
     wr.sge[0] = {w.inline_data, len};
   }
@@ -189,26 +219,20 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   qp.sq.push();
   qp.next_psn = next;
   const bool in_flight = qp.una_psn != qp.tx_high;
-
-  const uint8_t op = kOnly[static_cast<uint32_t>(wr.opcode)];
+  if (in_place) {
+    if (!qp.small_run || qp.tx_psn == psn) qp.small_tail = psn;
+    qp.small_run = true;
+    if (!in_flight || static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager) {
+      requester_tx(qp);
+      tx_flush();
+    }
+    return;
+  }
+  qp.small_run = false;
   TxSlot &s = tx_slot();
-  uint8_t *p = s.hdr;
-  wire::put_bth(p, op, wr.flags & kSolicited, wire::pad_for(len), qp.dest_qpn, true, psn);
-  p += wire::kBthLen;
-  if (op == uint8_t(Opcode::RC_WRITE_ONLY) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
-    wire::put_reth(p, wr.remote_va, wr.rkey, len);
-    p += wire::kRethLen;
-  }
-  if (op == uint8_t(Opcode::RC_SEND_ONLY_IMM) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
-    std::memcpy(p, &wr.imm_be, 4);
-    p += wire::kImmDtLen;
-  }
-  copy_small(p, src, len);
-  p += len;
+  uint8_t *p = put_small(qp, w, psn, s.hdr);
   if (qp.local_path && !tun_.icrc_local) {
-    // To a peer on this host: pad and ICRC are zeros (see tx_commit).
-    std::memset(p, 0, 8);
-    const uint32_t total = static_cast<uint32_t>(p - s.hdr) + wire::pad_for(len) + wire::kIcrcLen;
+    const uint32_t total = static_cast<uint32_t>(put_local_trailer(p, len) - s.hdr);
     const bool join = joins(qp, total);
     wire::set_seg(s.hdr, join ? static_cast<uint8_t>(tx_pkts_[tx_count_ - 1].segs) : 0);
     s.iov[0] = {s.hdr, total};
@@ -219,6 +243,48 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   sent(qp, w, next);
   if (!qp.ack_deadline) arm_retransmit(qp);
   if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
+}
+
+// Sends the small messages at the head of qp's unsent ones (as small_wr()
+// allows, each one packet), as far as the window allows, built straight
+// into a slot of the peer's ring (net::Nic::tx_begin): no transmit batch,
+// no copy after the build. A slot takes packets of one size (the last may
+// be shorter) and at most 64 of them (the segment index in the BTH).
+// What it leaves, requester_tx() sends the usual way. The caller checked
+// Qp::in_place, RTS, no RNR wait, no pacing.
+void Engine::send_direct(Qp &qp) {
+  auto small = [&](const SendWqe &w) {
+    return w.npkts == 1 && !w.placed && w.length <= kTxCopy && w.wr.num_sge <= 1 &&
+           !is_rd_atomic(w.wr.opcode) && !(w.wr.flags & kFence);
+  };
+  const uint32_t wnd = qp.send_window();
+  auto room = [&] { return static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < wnd; };
+  if (qp.tx_psn == qp.next_psn || !room() || !small(qp.sq.at(qp.tx_pos))) return;
+  if (tx_nslots_) send_batch();   // what is built already leaves first
+  size_t cap = 0;
+  uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
+  if (!base) return;
+  uint8_t *p = base;
+  uint32_t seg = 0, k = 0;
+  do {
+    SendWqe &w = qp.sq.at(qp.tx_pos);
+    const uint32_t hl = wire::kBthLen + (w.wr.opcode <= WrOpcode::rdma_write_imm ? wire::kRethLen : 0) +
+                        (w.wr.opcode == WrOpcode::send_imm || w.wr.opcode == WrOpcode::rdma_write_imm
+                             ? wire::kImmDtLen : 0);
+    const uint32_t total = hl + w.length + wire::pad_for(w.length) + wire::kIcrcLen;
+    if (k && (total > seg || p + total > base + cap)) break;
+    uint8_t *end = put_local_trailer(put_small(qp, w, qp.tx_psn, p), w.length);
+    wire::set_seg(p, static_cast<uint8_t>(k));
+    p = end;
+    if (!k) seg = total;
+    k++;
+    count(Counter::tx_packets);
+    count(Counter::tx_bytes, total);
+    sent(qp, w, psn_add(qp.tx_psn, 1));
+    if (total < seg) break;   // a shorter one ends the slot
+  } while (k < 64 && qp.tx_psn != qp.next_psn && room() && small(qp.sq.at(qp.tx_pos)));
+  nic_->tx_end(static_cast<size_t>(p - base), seg);
+  if (!qp.ack_deadline) arm_retransmit(qp);
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {

@@ -119,30 +119,24 @@ int resize_cq(ibv_cq *ibcq, int cqe) {
   return 0;
 }
 
+// Each completion is written into the caller's ibv_wc as it is taken.
 static int drain(Cq *cq, int ne, ibv_wc *wc) {
-  rc::Completion c[16];
-  int n = 0;
-  while (n < ne) {
-    size_t want = std::min<size_t>(16, ne - n);
-    size_t got = cq->ring.poll(c, want);
-    for (size_t i = 0; i < got; i++, n++) {
-      ibv_wc &w = wc[n];
-      w = {};
-      w.wr_id = c[i].wr_id;
-      w.status = static_cast<ibv_wc_status>(c[i].status);
-      w.opcode = static_cast<ibv_wc_opcode>(c[i].opcode);
-      w.byte_len = c[i].byte_len;
-      w.qp_num = c[i].qp_num;
-      w.src_qp = c[i].src_qp;
-      w.slid = c[i].slid;
-      if (c[i].with_imm) {
-        w.wc_flags |= IBV_WC_WITH_IMM;
-        w.imm_data = c[i].imm_be;
-      }
-    }
-    if (got < want) break;
-  }
-  return n;
+  return static_cast<int>(cq->ring.poll_each(static_cast<size_t>(ne), [&](const rc::Completion &c) {
+    ibv_wc &w = *wc++;
+    w.wr_id = c.wr_id;
+    w.status = static_cast<ibv_wc_status>(c.status);
+    w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
+    w.vendor_err = 0;
+    w.byte_len = c.byte_len;
+    w.imm_data = c.with_imm ? c.imm_be : 0;
+    w.qp_num = c.qp_num;
+    w.src_qp = c.src_qp;
+    w.wc_flags = c.with_imm ? IBV_WC_WITH_IMM : 0;
+    w.pkey_index = 0;
+    w.slid = c.slid;
+    w.sl = 0;
+    w.dlid_path_bits = 0;
+  }));
 }
 
 int poll_cq(ibv_cq *ibcq, int ne, ibv_wc *wc) {

@@ -4,37 +4,18 @@
 
 namespace usrc::rc {
 
-bool Cq::push(const Completion &c) {
-  const size_t t = tail_.load(std::memory_order_relaxed), n = next(t);
-  if (n == head_.load(std::memory_order_acquire)) {   // full (pollers read up to head first)
-    if (!overflowed_ && hooks_) hooks_->overflow(*this);
-    overflowed_ = true;
-    return false;
-  }
-  ring_[t] = c;
-  tail_.store(n, std::memory_order_release);
-  // A solicited-only arm fires on a solicited or an error completion.
-  if (arm_ == Arm::next ||
-      (arm_ == Arm::solicited && (c.solicited || c.status != WcStatus::success))) {
-    last_fired_ = arm_;
-    arm_ = Arm::none;
-    fire_seq_.fetch_add(1, std::memory_order_release);
-    if (hooks_) hooks_->notify(*this);
-    sent_seq_.fetch_add(1, std::memory_order_release);
-  }
-  return true;
+bool Cq::overflow() {
+  if (!overflowed_ && hooks_) hooks_->overflow(*this);
+  overflowed_ = true;
+  return false;
 }
 
-size_t Cq::poll(Completion *out, size_t max) {
-  size_t h = head_.load(std::memory_order_relaxed);
-  if (h == tail_.load(std::memory_order_acquire)) return 0;   // (the common empty poll: no lock)
-  std::lock_guard g(mu_);
-  h = head_.load(std::memory_order_relaxed);
-  const size_t t = tail_.load(std::memory_order_acquire);
-  size_t n = 0;
-  for (; n < max && h != t; n++, h = next(h)) out[n] = ring_[h];
-  head_.store(h, std::memory_order_release);
-  return n;
+void Cq::fire() {
+  last_fired_ = arm_;
+  arm_ = Arm::none;
+  fire_seq_.fetch_add(1, std::memory_order_release);
+  if (hooks_) hooks_->notify(*this);
+  sent_seq_.fetch_add(1, std::memory_order_release);
 }
 
 void Cq::arm(bool solicited_only) {

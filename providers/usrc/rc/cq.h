@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "usrc/common/lock.h"
@@ -31,10 +32,43 @@ class Cq {
   // The producer's side and the arm, under the engine lock (arm_ is the
   // producer's to read when it fires, without a fence). push returns false
   // (and reports overflow) if the ring is full.
-  bool push(const Completion &c);
+  bool push(const Completion &c) {
+    return emplace([&](Completion &slot) { slot = c; });
+  }
+  // push() filling the ring's slot in place: fill(Completion &) writes
+  // every field.
+  template <class F>
+  bool emplace(F fill) {
+    const size_t t = tail_.load(std::memory_order_relaxed), n = next(t);
+    if (n == head_.load(std::memory_order_acquire)) return overflow();   // (pollers read up to head first)
+    Completion &c = ring_[t];
+    fill(c);
+    tail_.store(n, std::memory_order_release);
+    // A solicited-only arm fires on a solicited or an error completion.
+    if (arm_ == Arm::next ||
+        (arm_ == Arm::solicited && (c.solicited || c.status != WcStatus::success)))
+      fire();
+    return true;
+  }
   void arm(bool solicited_only);
-  // Any thread.
-  size_t poll(Completion *out, size_t max);
+  // Any thread: up to max completions, oldest first, each handed to
+  // f(const Completion &) as it is taken (no copy in between); returns how
+  // many.
+  template <class F>
+  size_t poll_each(size_t max, F f) {
+    if (head_.load(std::memory_order_relaxed) == tail_.load(std::memory_order_acquire))
+      return 0;   // (the common empty poll: no lock)
+    std::lock_guard g(mu_);
+    size_t h = head_.load(std::memory_order_relaxed);
+    const size_t t = tail_.load(std::memory_order_acquire);
+    size_t n = 0;
+    for (; n < max && h != t; n++, h = next(h)) f(ring_[h]);
+    head_.store(h, std::memory_order_release);
+    return n;
+  }
+  size_t poll(Completion *out, size_t max) {
+    return poll_each(max, [&](const Completion &c) { *out++ = c; });
+  }
   bool empty() const {
     return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
   }
@@ -57,6 +91,8 @@ class Cq {
 
  private:
   size_t next(size_t i) const { return i + 1 == size_ ? 0 : i + 1; }
+  bool overflow();   // push() found the ring full: reports it once, false
+  void fire();       // push() met the arm: the event fires
   std::vector<Completion> ring_;   // one slot always empty: full is tail + 1 == head
   size_t size_;                    // ring_.size(), kept (size() divides by sizeof)
   Hooks *hooks_;

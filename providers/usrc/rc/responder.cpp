@@ -31,9 +31,11 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
 
 void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
-  RecvWqe &r = qp.rq.front();
-  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn,
-                    qp.dlid, stamp()});
+  const RecvWqe &r = qp.rq.front();
+  if (qp.recv_cq)
+    qp.recv_cq->emplace([&](Completion &c) {
+      c = {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn, qp.dlid, stamp()};
+    });
   qp.rq.pop();
 }
 
@@ -80,7 +82,8 @@ bool Engine::fast_send_only(const net::RxPacket &pkt) {
   if (len > qp->pmtu || len > r.length) return false;
   count(Counter::rx_packets);
   count(Counter::rx_bytes, pkt.len);
-  scatter(r, 0, b + hl, len);
+  if (r.wr.num_sge == 1) std::memcpy(r.wr.sge[0].addr, b + hl, len);   // (the common receive)
+  else scatter(r, 0, b + hl, len);
   qp->recv_offset = len;
   uint32_t imm_be = 0;
   if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);

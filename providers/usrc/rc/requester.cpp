@@ -259,7 +259,12 @@ void Engine::send_direct(Qp &qp) {
   };
   const uint32_t wnd = qp.send_window();
   auto room = [&] { return static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < wnd; };
-  if (qp.tx_psn == qp.next_psn || !room() || !small(qp.sq.at(qp.tx_pos))) return;
+  if (qp.tx_psn == qp.next_psn || !room()) return;
+  // The WQE holding tx_psn, and the ones after it in turn (each takes one
+  // PSN: tx_pos moves on by one per packet).
+  SendWqe *w = &qp.sq.at(qp.tx_pos);
+  SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
+  if (!small(*w)) return;
   if (tx_nslots_) send_batch();   // what is built already leaves first
   size_t cap = 0;
   uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
@@ -271,22 +276,22 @@ void Engine::send_direct(Qp &qp) {
   for (int i = 0; i < 8; i++) __builtin_prefetch(base + 64 * i, 1);
   do {
     __builtin_prefetch(p + 512, 1);
-    SendWqe &w = qp.sq.at(qp.tx_pos);
-    const uint32_t hl = wire::kBthLen + (w.wr.opcode <= WrOpcode::rdma_write_imm ? wire::kRethLen : 0) +
-                        (w.wr.opcode == WrOpcode::send_imm || w.wr.opcode == WrOpcode::rdma_write_imm
-                             ? wire::kImmDtLen : 0);
-    const uint32_t total = hl + w.length + wire::pad_for(w.length) + wire::kIcrcLen;
+    const WrOpcode op = w->wr.opcode;
+    const uint32_t hl = wire::kBthLen + (op <= WrOpcode::rdma_write_imm ? wire::kRethLen : 0) +
+                        (op == WrOpcode::send_imm || op == WrOpcode::rdma_write_imm ? wire::kImmDtLen : 0);
+    const uint32_t total = hl + w->length + wire::pad_for(w->length) + wire::kIcrcLen;
     if (k && (total > seg || p + total > base + cap)) break;
-    uint8_t *end = put_local_trailer(put_small(qp, w, qp.tx_psn, p), w.length);
+    uint8_t *next = put_local_trailer(put_small(qp, *w, qp.tx_psn, p), w->length);
     wire::set_seg(p, static_cast<uint8_t>(k));
-    p = end;
+    p = next;
     if (!k) seg = total;
     k++;
-    count(Counter::tx_packets);
-    count(Counter::tx_bytes, total);
-    sent(qp, w, psn_add(qp.tx_psn, 1));
+    sent(qp, *w, psn_add(qp.tx_psn, 1));
+    if (++w == end) w = begin;
     if (total < seg) break;   // a shorter one ends the slot
-  } while (k < 64 && qp.tx_psn != qp.next_psn && room() && small(qp.sq.at(qp.tx_pos)));
+  } while (k < 64 && qp.tx_psn != qp.next_psn && room() && small(*w));
+  count(Counter::tx_packets, k);
+  count(Counter::tx_bytes, static_cast<uint64_t>(p - base));
   nic_->tx_end(static_cast<size_t>(p - base), seg);
   if (!qp.ack_deadline) arm_retransmit(qp);
 }

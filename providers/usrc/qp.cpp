@@ -305,7 +305,7 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // The checks that make ibv_post_send fail with an errno (this WR and the
 // rest of the list are not posted). ibv_wr_complete runs them over its
 // whole batch before posting any of it.
-int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
+static inline int check_wr(const Qp *qp, const ibv_send_wr &wr) {
   const rc::QpState st = qp->t->state;
   if (st == rc::QpState::reset || st == rc::QpState::init || st == rc::QpState::rtr) return EINVAL;
   bool atomic = false;
@@ -331,6 +331,8 @@ int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
   return 0;
 }
 
+int check_send_wr(const Qp *qp, const ibv_send_wr &wr) { return check_wr(qp, wr); }
+
 static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
               int(rc::WrOpcode::rdma_write_imm) == IBV_WR_RDMA_WRITE_WITH_IMM &&
               int(rc::WrOpcode::send) == IBV_WR_SEND && int(rc::WrOpcode::send_imm) == IBV_WR_SEND_WITH_IMM &&
@@ -345,7 +347,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   const Pd *pd = to_pd(qp->vqp.qp.pd);
   int err = 0;
   for (; wr; wr = wr->next) {
-    if ((err = check_send_wr(qp, *wr))) break;
+    if ((err = check_wr(qp, *wr))) break;   // (inlined here: the per-message path)
     rc::SendWr *w = e.send_slot(*qp->t);
     if (!w) {
       err = ENOMEM;

@@ -370,9 +370,10 @@ void Context::try_progress() {
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   engine_->progress(looping, now);
-  const bool pending = engine_->nic().rx_pending();
+  // (Looked at only if needed: the ring's head is another core's line.)
+  const bool pending = !looping && engine_->nic().rx_pending();
   engine_->mu.unlock();
-  if (pending && !looping) {
+  if (pending) {
     // Packets left in the NIC and an application that may not call again:
     // the progress thread, maybe asleep on the socket, takes them.
     uint64_t one = 1;

@@ -632,10 +632,10 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     set_seq(r.slots[released_ & kMask], released_ & kMask, released_ + kSlots);
   }
   // The socket's turn: every call while it carries traffic (a peer off
-  // this host), else every 16th, with room kept for it in a full batch so
+  // this host), else every 64th, with room kept for it in a full batch so
   // that a busy ring does not starve it.
   const bool woken = udp_now_.load(std::memory_order_relaxed);
-  const bool udp = woken || udp_hot_ || inner_->rx_pending() || ++udp_skip_ >= 16;
+  const bool udp = woken || udp_hot_ || inner_->rx_pending() || ++udp_skip_ >= 64;
   const size_t ring_max = udp && out.size() > 1 ? out.size() / 2 : out.size();
   size_t k = 0;
   while (k < ring_max) {

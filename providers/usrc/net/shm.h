@@ -94,7 +94,7 @@ class ShmNic final : public Nic {
   uint64_t stuck_since_ = 0;       // when the head slot was first seen claimed, unpublished
   uint32_t stuck_polls_ = 0;
   // The UDP socket is looked at on every call while it carries traffic
-  // (a peer off this host), else on every 16th: an empty receive is a
+  // (a peer off this host), else on every 64th: an empty receive is a
   // system call, the ring a memory read.
   uint32_t udp_hot_ = 0, udp_skip_ = 0;
   std::atomic<bool> udp_now_{false};   // the progress thread woke: look at once

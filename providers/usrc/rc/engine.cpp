@@ -325,7 +325,7 @@ size_t Engine::progress(bool app, uint64_t now) {
       handle_packet(pkts[i]);
     }
     received += n;
-    if (n < batch && !nic_->rx_pending()) break;
+    if (round + 1 == rounds || (n < batch && !nic_->rx_pending())) break;
   }
   now = pass_time_;   // timers: the pass start is recent enough
   if (now >= next_deadline_.load(std::memory_order_relaxed)) {

@@ -108,7 +108,7 @@ class Engine {
   bool send_single(Qp &qp, SendWqe &w);
   bool small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const;
   void post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place);
-  void send_direct(Qp &qp);
+  bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);

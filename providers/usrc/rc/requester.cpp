@@ -39,8 +39,9 @@ static Opcode request_opcode(const SendWqe &w, uint32_t k) {
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
-  if (qp.state == QpState::rts && !qp.rate_bps && qp.tx_psn != qp.next_psn && qp.in_place)
-    send_direct(qp);
+  if (qp.state == QpState::rts && !qp.rate_bps && qp.in_place)
+    while (qp.tx_psn != qp.next_psn && send_direct(qp)) {
+    }
   uint32_t cap = tun_.retransmit_cap;
   while (qp.tx_psn != qp.next_psn && cap--) {
     const uint32_t wnd = qp.send_window();
@@ -251,24 +252,24 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place) {
 // no copy after the build. A slot takes packets of one size (the last may
 // be shorter) and at most 64 of them (the segment index in the BTH).
 // What it leaves, requester_tx() sends the usual way. The caller checked
-// Qp::in_place, RTS, no RNR wait, no pacing.
-void Engine::send_direct(Qp &qp) {
+// Qp::in_place, RTS, no RNR wait, no pacing. False if it sent nothing.
+bool Engine::send_direct(Qp &qp) {
   auto small = [&](const SendWqe &w) {
     return w.npkts == 1 && !w.placed && w.length <= kTxCopy && w.wr.num_sge <= 1 &&
            !is_rd_atomic(w.wr.opcode) && !(w.wr.flags & kFence);
   };
   const uint32_t wnd = qp.send_window();
   auto room = [&] { return static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < wnd; };
-  if (qp.tx_psn == qp.next_psn || !room()) return;
+  if (qp.tx_psn == qp.next_psn || !room()) return false;
   // The WQE holding tx_psn, and the ones after it in turn (each takes one
   // PSN: tx_pos moves on by one per packet).
   SendWqe *w = &qp.sq.at(qp.tx_pos);
   SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
-  if (!small(*w)) return;
+  if (!small(*w)) return false;
   if (tx_nslots_) send_batch();   // what is built already leaves first
   size_t cap = 0;
   uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
-  if (!base) return;
+  if (!base) return false;
   uint8_t *p = base;
   uint32_t seg = 0, k = 0;
   // The slot's lines are the consumer's (it read them last time round):
@@ -294,6 +295,7 @@ void Engine::send_direct(Qp &qp) {
   count(Counter::tx_bytes, static_cast<uint64_t>(p - base));
   nic_->tx_end(static_cast<size_t>(p - base), seg);
   if (!qp.ack_deadline) arm_retransmit(qp);
+  return true;
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {

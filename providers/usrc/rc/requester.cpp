@@ -131,15 +131,16 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
 // Whether a WR of len bytes, just written into the send queue's next slot,
 // can take post_small(): a SEND or an RDMA WRITE (with or without
 // immediate data) of at most one buffer that fits one packet and the copy
-// limit, no fence and no direct placement, on a QP in RTS with no RNR wait
+// limit, no fence and no direct placement to try, on a QP in RTS with no RNR wait
 // and no pacing. (post_slot() adds what must be sent before it.)
 bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
   if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
       (wr.flags & kFence) || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps)
     return false;
-  // (A WRITE to a peer on this host may be placed: the general path.)
-  return !qp.local_path || len > tun_.direct_write ||
-         (wr.opcode != WrOpcode::rdma_write && wr.opcode != WrOpcode::rdma_write_imm);
+  // (A WRITE that place() may put in the peer's memory: the general path.
+  // It places only for an application that polled since its last post.)
+  return wr.opcode != WrOpcode::rdma_write || !qp.local_path || len > tun_.direct_write ||
+         qp.polls_at_post == polls.load(std::memory_order_relaxed);
 }
 
 // Copies n <= kTxCopy bytes with a few unaligned vector moves: a memcpy

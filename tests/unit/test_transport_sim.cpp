@@ -74,11 +74,16 @@ struct Pair {
     s.e->set_sq_psn(q, my_psn);
     s.e->set_state(q, QpState::rts);
   }
-  // Both QPs on one host's loopback (net::Nic::same_host): no ICRC, and
-  // small SENDs take the responder's short path.
+  // Both QPs on one host's loopback (net::Nic::same_host): no ICRC, small
+  // messages built in place (the SimNic offers tx_begin there, as the
+  // shared-memory ring does; Qp::in_place is looked up on entering RTS),
+  // and small SENDs take the responder's short path.
   void same_host() {
     net.loopback = true;
     a.qp->local_path = b.qp->local_path = true;
+    a.e->set_state(*a.qp, QpState::rts);
+    b.e->set_state(*b.qp, QpState::rts);
+    REQUIRE(a.qp->in_place);
   }
   // Runs both engines until pred() or the virtual time limit.
   template <class P>
@@ -222,7 +227,7 @@ TEST_CASE("duplication, reordering, delay and corruption", "[sim]") {
 // The responder's short path (Engine::fast_send_only) takes in-order SEND
 // ONLY packets from this host; what it leaves to the general path must
 // still come out right.
-TEST_CASE("same host: small SENDs under loss, duplication and reordering; RNR; a short receive buffer", "[sim]") {
+TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; RNR; a short receive buffer", "[sim]") {
   SECTION("loss, duplication, reordering") {
     net::SimFaults f;
     f.drop = 0.03;
@@ -234,6 +239,25 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; RNR; a
     CHECK(p.a.e->counters[uint32_t(Counter::retransmits)] > 0);
     CHECK(p.b.e->counters[uint32_t(Counter::duplicates)] > 0);
     CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 0);
+  }
+  SECTION("small messages posted in RTS, not yet built, all leave after a move to SQD") {
+    Pair p(34);
+    p.same_host();
+    std::vector<uint8_t> tx(64, 7), rx(64 * 8, 0);
+    for (int i = 0; i < 8; i++)
+      REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 64 * i, 64, i)) == 0);
+    for (int i = 0; i < 8; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 64, i)) == 0);
+    // The first left at once; the others wait to be built with later posts.
+    REQUIRE(p.a.qp->tx_psn != p.a.qp->next_psn);
+    p.a.e->set_state(*p.a.qp, QpState::sqd);
+    std::vector<Completion> sc;
+    REQUIRE(p.run([&] {
+      auto d = drain(p.a.scq);
+      sc.insert(sc.end(), d.begin(), d.end());
+      return sc.size() == 8;
+    }));
+    for (const Completion &c : sc) CHECK(c.status == WcStatus::success);
+    CHECK(std::all_of(rx.begin(), rx.end(), [](uint8_t x) { return x == 7; }));
   }
   SECTION("no receive posted: RNR NAKs until there is one") {
     Pair p(32);
@@ -731,8 +755,7 @@ TEST_CASE("packets to a peer on this host carry no ICRC; elsewhere a missing or 
   };
   SECTION("same host: none computed, none needed") {
     Pair p(21);
-    p.net.loopback = true;
-    p.a.qp->local_path = p.b.qp->local_path = true;
+    p.same_host();
     uint64_t with_icrc = 0, total = 0;
     p.net.tap = [&](const std::vector<uint8_t> &d) { total++, with_icrc += icrc_of(d) != 0; };
     send_messages(p, 50, 5000, 4);

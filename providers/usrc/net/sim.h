@@ -62,11 +62,18 @@ class SimNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   bool same_host(Endpoint) const override { return net_.loopback; }
+  // On a loopback network, a buffer to build datagrams in place (as the
+  // shared-memory ring offers), each then sent as one with its own faults.
+  bool cheap_send(Endpoint) override { return net_.loopback; }
+  uint8_t *tx_begin(Endpoint dst, uint16_t src_port, size_t *room) override;
+  void tx_end(size_t len, size_t seg) override;
 
  private:
   SimNetwork &net_;
   Endpoint local_;
   std::vector<std::vector<uint8_t>> held_;    // buffers handed out by recv()
+  std::vector<uint8_t> tx_buf_;               // between tx_begin() and tx_end()
+  Endpoint tx_dst_;
 };
 
 }  // namespace usrc::net

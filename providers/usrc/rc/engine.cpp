@@ -82,6 +82,10 @@ void Engine::set_sq_psn(Qp &qp, uint32_t psn) {
 }
 
 void Engine::set_state(Qp &qp, QpState s) {
+  // Small messages posted in RTS and left to be built with the next ones
+  // (post_small) were posted as started: they leave before SQD, which
+  // starts no new message.
+  if (qp.state == QpState::rts && s == QpState::sqd) requester_tx(qp);
   tx_flush();   // nothing built under the old state or path stays queued
   QpState old = qp.state;
   qp.state = s;

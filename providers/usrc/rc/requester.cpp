@@ -224,7 +224,8 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place) {
   if (in_place) {
     if (!qp.small_run || qp.tx_psn == psn) qp.small_tail = psn;
     qp.small_run = true;
-    if (!in_flight || static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager) {
+    if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager &&
+                       static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window())) {
       requester_tx(qp);
       tx_flush();
     }

@@ -82,7 +82,9 @@ bool Engine::fast_send_only(const net::RxPacket &pkt) {
   if (len > qp->pmtu || len > r.length) return false;
   count(Counter::rx_packets);
   count(Counter::rx_bytes, pkt.len);
-  if (r.wr.num_sge == 1) std::memcpy(r.wr.sge[0].addr, b + hl, len);   // (the common receive)
+  if (r.wr.num_sge == 1) {   // (the common receive)
+    if (len) std::memcpy(r.wr.sge[0].addr, b + hl, len);
+  }
   else scatter(r, 0, b + hl, len);
   qp->recv_offset = len;
   uint32_t imm_be = 0;

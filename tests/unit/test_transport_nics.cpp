@@ -621,9 +621,10 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
     c->set_gate(11, {3, 12, we});
     char x = 1;
     (void)!write(ready[1], &x, 1);
-    for (uint64_t end = wall_ns() + 5'000'000'000ull; mem[0] != 'h' && wall_ns() < end;) {
+    // (The kernel copies in order, not at once: wait for the last byte.)
+    for (uint64_t end = wall_ns() + 5'000'000'000ull; mem[4] != 'o' && wall_ns() < end;) {
     }
-    x = mem[4] == 'o';
+    x = mem[0] == 'h' && mem[1] == 'e' && mem[2] == 'l' && mem[3] == 'l' && mem[4] == 'o';
     (void)!write(done[1], &x, 1);
     pause();   // killed: the ring stays behind, its owner dead
     _exit(0);

@@ -85,6 +85,8 @@ struct Pair {
     b.e->set_state(*b.qp, QpState::rts);
     REQUIRE(a.qp->in_place);
   }
+  bool collect(std::vector<Completion> &sc, size_t ns, std::vector<Completion> *rcv = nullptr,
+               size_t nr = 0);
   // Runs both engines until pred() or the virtual time limit.
   template <class P>
   bool run(P pred, uint64_t limit_ns = 60'000'000'000ull) {
@@ -106,6 +108,20 @@ std::vector<Completion> drain(Cq &cq) {
   Completion c[64];
   while (size_t n = cq.poll(c, 64)) out.insert(out.end(), c, c + n);
   return out;
+}
+
+// Runs until a's send CQ has given ns completions (appended to sc) and,
+// with rcv, b's receive CQ nr (appended to *rcv); false at the time limit.
+bool Pair::collect(std::vector<Completion> &sc, size_t ns, std::vector<Completion> *rcv, size_t nr) {
+  return run([&] {
+    auto s = drain(a.scq);
+    sc.insert(sc.end(), s.begin(), s.end());
+    if (rcv) {
+      auto r = drain(b.rcq);
+      rcv->insert(rcv->end(), r.begin(), r.end());
+    }
+    return sc.size() == ns && (!rcv || rcv->size() == nr);
+  });
 }
 
 // Sends n messages of random sizes from a to b and checks delivery.
@@ -251,11 +267,7 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     REQUIRE(p.a.qp->tx_psn != p.a.qp->next_psn);
     p.a.e->set_state(*p.a.qp, QpState::sqd);
     std::vector<Completion> sc;
-    REQUIRE(p.run([&] {
-      auto d = drain(p.a.scq);
-      sc.insert(sc.end(), d.begin(), d.end());
-      return sc.size() == 8;
-    }));
+    REQUIRE(p.collect(sc, 8));
     for (const Completion &c : sc) CHECK(c.status == WcStatus::success);
     CHECK(std::all_of(rx.begin(), rx.end(), [](uint8_t x) { return x == 7; }));
   }
@@ -269,12 +281,7 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     CHECK(drain(p.a.scq).empty());
     REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 64, 2)) == 0);
     std::vector<Completion> sc, rcv;
-    REQUIRE(p.run([&] {
-      auto s = drain(p.a.scq), q = drain(p.b.rcq);
-      sc.insert(sc.end(), s.begin(), s.end());
-      rcv.insert(rcv.end(), q.begin(), q.end());
-      return !sc.empty() && !rcv.empty();
-    }));
+    REQUIRE(p.collect(sc, 1, &rcv, 1));
     CHECK(sc[0].status == WcStatus::success);
     CHECK(rcv[0].status == WcStatus::success);
     CHECK(rcv[0].byte_len == 60);
@@ -291,12 +298,7 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 1)) == 0);
     REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 2)) == 0);
     std::vector<Completion> sc, rcv;
-    REQUIRE(p.run([&] {
-      auto s = drain(p.a.scq), q = drain(p.b.rcq);
-      sc.insert(sc.end(), s.begin(), s.end());
-      rcv.insert(rcv.end(), q.begin(), q.end());
-      return sc.size() == 2 && rcv.size() == 2;
-    }));
+    REQUIRE(p.collect(sc, 2, &rcv, 2));
     CHECK(sc[0].status == WcStatus::success);
     CHECK(rcv[0].status == WcStatus::success);
     CHECK(sc[1].status == WcStatus::rem_inv_req_err);
@@ -322,11 +324,7 @@ TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then 
   for (int i = 0; i < 3; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, i)) == 0);
   uint64_t t0 = p.net.now();
   std::vector<Completion> sc;
-  REQUIRE(p.run([&] {
-    auto s = drain(p.a.scq);
-    sc.insert(sc.end(), s.begin(), s.end());
-    return sc.size() == 3;
-  }));
+  REQUIRE(p.collect(sc, 3));
   uint64_t elapsed = p.net.now() - t0;
   uint64_t t = local_ack_timeout_ns(10);
   CHECK(sc[0].status == WcStatus::retry_exc_err);
@@ -422,11 +420,7 @@ TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[
   w.flags = kSignaled;
   REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   std::vector<Completion> sc;
-  REQUIRE(p.run([&] {
-    auto s = drain(p.a.scq);
-    sc.insert(sc.end(), s.begin(), s.end());
-    return !sc.empty();
-  }));
+  REQUIRE(p.collect(sc, 1));
   CHECK(sc[0].status == WcStatus::rnr_retry_exc_err);
   CHECK(p.b.e->counters[uint32_t(Counter::rnr_naks_sent)] == 3);
 }
@@ -449,11 +443,7 @@ TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted", "[sim]") {
   r.sge[0] = {rx.data(), 3000};
   REQUIRE(p.b.e->post_recv(*p.b.qp, r) == 0);
   std::vector<Completion> sc;
-  REQUIRE(p.run([&] {
-    auto s = drain(p.a.scq);
-    sc.insert(sc.end(), s.begin(), s.end());
-    return !sc.empty();
-  }));
+  REQUIRE(p.collect(sc, 1));
   CHECK(sc[0].status == WcStatus::success);
   CHECK(rx == tx);
 }
@@ -473,12 +463,7 @@ TEST_CASE("a message longer than the receive buffer fails both sides", "[sim]") 
   w.sge[0] = {tx.data(), 2000};
   REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   std::vector<Completion> sc, rcv;
-  REQUIRE(p.run([&] {
-    auto s = drain(p.a.scq), q = drain(p.b.rcq);
-    sc.insert(sc.end(), s.begin(), s.end());
-    rcv.insert(rcv.end(), q.begin(), q.end());
-    return !sc.empty() && !rcv.empty();
-  }));
+  REQUIRE(p.collect(sc, 1, &rcv, 1));
   CHECK(sc[0].status == WcStatus::rem_inv_req_err);
   CHECK(rcv[0].status == WcStatus::loc_len_err);
   CHECK(p.a.qp->state == QpState::err);
@@ -510,12 +495,7 @@ TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive"
   w.sge[0] = {src.data() + 50000, 20000};
   REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   std::vector<Completion> sc, rcv;
-  REQUIRE(p.run([&] {
-    auto s = drain(p.a.scq), q = drain(p.b.rcq);
-    sc.insert(sc.end(), s.begin(), s.end());
-    rcv.insert(rcv.end(), q.begin(), q.end());
-    return sc.size() == 2 && rcv.size() == 1;
-  }));
+  REQUIRE(p.collect(sc, 2, &rcv, 1));
   CHECK(sc[0].status == WcStatus::success);
   CHECK(sc[1].status == WcStatus::success);
   CHECK(sc[0].opcode == WcOpcode::rdma_write);
@@ -579,11 +559,7 @@ TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing
       w.sge[0] = {src.data(), 4096};
       REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
       std::vector<Completion> sc;
-      REQUIRE(p.run([&] {
-        auto s = drain(p.a.scq);
-        sc.insert(sc.end(), s.begin(), s.end());
-        return !sc.empty();
-      }));
+      REQUIRE(p.collect(sc, 1));
       CHECK(sc[0].status == WcStatus::rem_access_err);
       CHECK(std::all_of(target.begin(), target.end(), [](uint8_t x) { return x == 0; }));
     }
@@ -631,11 +607,7 @@ TEST_CASE("RDMA READ: multi-packet, byte-exact, under loss (implied NAK)", "[sim
       s.sge[0] = {tx.data(), 5000};
       REQUIRE(p.a.e->post_send(*p.a.qp, s) == 0);
       std::vector<Completion> sc;
-      REQUIRE(p.run([&] {
-        auto c = drain(p.a.scq);
-        sc.insert(sc.end(), c.begin(), c.end());
-        return sc.size() == reads.size() + 1;
-      }));
+      REQUIRE(p.collect(sc, reads.size() + 1));
       for (size_t i = 0; i < reads.size(); i++) {
         CHECK(sc[i].status == WcStatus::success);
         CHECK(sc[i].wr_id == i);
@@ -688,11 +660,7 @@ TEST_CASE("ATOMICs execute exactly once under duplication and loss", "[sim]") {
   c.sge[0] = {reinterpret_cast<uint8_t *>(&orig[n]), 8};
   REQUIRE(p.a.e->post_send(*p.a.qp, c) == 0);
   std::vector<Completion> sc;
-  REQUIRE(p.run([&] {
-    auto d = drain(p.a.scq);
-    sc.insert(sc.end(), d.begin(), d.end());
-    return sc.size() == size_t(n + 1);
-  }));
+  REQUIRE(p.collect(sc, size_t(n + 1)));
   for (int i = 0; i < n; i++) {
     REQUIRE(sc[i].status == WcStatus::success);
     CHECK(orig[i] == 1000u + 3u * i);   // each add saw every earlier one, once
@@ -732,11 +700,7 @@ TEST_CASE("READ and ATOMIC access violations", "[sim]") {
       }
       REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
       std::vector<Completion> sc;
-      REQUIRE(p.run([&] {
-        auto d = drain(p.a.scq);
-        sc.insert(sc.end(), d.begin(), d.end());
-        return !sc.empty();
-      }));
+      REQUIRE(p.collect(sc, 1));
       CHECK(sc[0].status == want);
       CHECK(words[0] == 5);
       CHECK(words[3] == 8);

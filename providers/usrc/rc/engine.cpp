@@ -201,18 +201,11 @@ void Engine::post_slot(Qp &qp) {
   const SendWr &wr = w.wr;
   uint64_t len = 0;
   for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
-  if (small_wr(qp, wr, len)) {
-    // Built in place with what is still unsent, if that is all small
-    // messages posted the same way; else built now, if nothing is unsent
-    // and the window has room.
-    if (qp.in_place) {
-      if (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0))
-        return post_small(qp, w, static_cast<uint32_t>(len), true);
-    } else if (qp.tx_psn == qp.next_psn &&
-               static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window()) {
-      return post_small(qp, w, static_cast<uint32_t>(len), false);
-    }
-  }
+  // Built in place with what is still unsent, if that is all small
+  // messages posted the same way.
+  if (qp.in_place && small_wr(qp, wr, len) &&
+      (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0)))
+    return post_small(qp, w, static_cast<uint32_t>(len));
   qp.small_run = false;
   const bool placed = place(qp, wr, len);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
@@ -474,11 +467,17 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     pieces = 0;
   }
   const uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
-  // Segmentation offload: the packet joins the one before (see joins()).
-  const bool join = joins(qp, len);
+  // Segmentation offload: the packet joins the one before when that one
+  // takes the same path (destination, TOS, TTL, source port), is of the same
+  // size (the last of a group may be shorter), and the group still fits one
+  // UDP datagram's 64 KB.
+  net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
+  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < grp_max_ &&
+                    grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
+                    g->ttl == qp.ttl && g->src_port == qp.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
-  const uint16_t seg = join ? tx_pkts_[tx_count_ - 1].segs : 0;
+  const uint16_t seg = join ? g->segs : 0;
   wire::set_seg(s.hdr, static_cast<uint8_t>(seg));
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
@@ -514,14 +513,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
       s.iov[n++] = {s.trailer, wire::kIcrcLen};
     }
   }
-  tx_group(qp, s, n, len, join);
-}
-
-// The packet in slot s (n iovecs, len bytes) joins the TxPacket before it
-// (join, see tx_commit) or starts a TxPacket of its own.
-void Engine::tx_group(const Qp &qp, TxSlot &s, size_t n, uint32_t len, bool join) {
   if (join) {
-    net::TxPacket *g = &tx_pkts_[tx_count_ - 1];
     g->iovcnt += n;
     g->gso_size = static_cast<uint16_t>(grp_size_);
     g->segs++;

@@ -106,8 +106,9 @@ class Engine {
   // requester.cpp
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);
+  static bool small_message(const SendWr &wr, uint64_t len);
   bool small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const;
-  void post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place);
+  void post_small(Qp &qp, SendWqe &w, uint32_t len);
   bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
@@ -147,17 +148,6 @@ class Engine {
   struct TxSlot;
   TxSlot &tx_slot();
   void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces);
-  // Whether a packet of len bytes to qp's peer joins the last TxPacket as
-  // one more segment: the same path (destination, TOS, TTL, source port),
-  // not larger than the group's segments (the last may be shorter), and
-  // room in the group and in one UDP datagram's 64 KB.
-  bool joins(const Qp &qp, uint32_t len) const {
-    if (!tx_count_ || !grp_open_) return false;
-    const net::TxPacket &g = tx_pkts_[tx_count_ - 1];
-    return len <= grp_size_ && g.segs < grp_max_ && grp_bytes_ + len <= kMaxGsoBytes &&
-           g.dst == qp.peer && g.tos == qp.tos && g.ttl == qp.ttl && g.src_port == qp.sport;
-  }
-  void tx_group(const Qp &qp, TxSlot &s, size_t n, uint32_t len, bool join);
   void tx_flush();    // the pending ACKs, then the batch
   void send_batch();  // the batch as it is
   void build_acks();

@@ -10,7 +10,7 @@ namespace usrc::rc {
 
 using wire::Opcode;
 
-static Opcode request_opcode(const SendWqe &w, uint32_t k) {
+[[gnu::always_inline]] inline static Opcode request_opcode(const SendWqe &w, uint32_t k) {
   bool only = w.npkts == 1, first = k == 0, last = k + 1 == w.npkts;
   switch (w.wr.opcode) {
     case WrOpcode::send:
@@ -128,14 +128,20 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
   return true;
 }
 
+// A message that small_wr() and send_direct() build in place: a SEND or
+// an RDMA WRITE (with or without immediate data) of at most one buffer of
+// at most kTxCopy bytes, no fence.
+bool Engine::small_message(const SendWr &wr, uint64_t len) {
+  return len <= kTxCopy && wr.num_sge <= 1 && !is_rd_atomic(wr.opcode) && !(wr.flags & kFence);
+}
+
 // Whether a WR of len bytes, just written into the send queue's next slot,
-// can take post_small(): a SEND or an RDMA WRITE (with or without
-// immediate data) of at most one buffer that fits one packet and the copy
-// limit, no fence and no direct placement to try, on a QP in RTS with no RNR wait
-// and no pacing. (post_slot() adds what must be sent before it.)
+// can take post_small(): a small_message() that fits one packet, no direct
+// placement to try, on a QP in RTS with no RNR wait and no pacing.
+// (post_slot() adds what must be sent before it.)
 bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
-  if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
-      (wr.flags & kFence) || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps)
+  if (!small_message(wr, len) || len > qp.pmtu || qp.state != QpState::rts || qp.rnr_deadline ||
+      qp.rate_bps)
     return false;
   // (A WRITE that place() may put in the peer's memory: the general path.
   // It places only for an application that polled since its last post.)
@@ -162,48 +168,31 @@ static inline void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
   }
 }
 
-static constexpr uint8_t kOnly[] = {
-    uint8_t(Opcode::RC_WRITE_ONLY), uint8_t(Opcode::RC_WRITE_ONLY_IMM),
-    uint8_t(Opcode::RC_SEND_ONLY), uint8_t(Opcode::RC_SEND_ONLY_IMM)};
-static_assert(int(WrOpcode::rdma_write) == 0 && int(WrOpcode::rdma_write_imm) == 1 &&
-              int(WrOpcode::send) == 2 && int(WrOpcode::send_imm) == 3);
-
-// The headers and payload of small WQE w's one packet (see small_wr()) at
-// p, with PSN psn; returns where the payload ends (the pad and ICRC go
-// there).
-static uint8_t *put_small(const Qp &qp, const SendWqe &w, uint32_t psn, uint8_t *p) {
-  const SendWr &wr = w.wr;
-  const uint8_t op = kOnly[static_cast<uint32_t>(wr.opcode)];
-  wire::put_bth(p, op, wr.flags & kSolicited, wire::pad_for(w.length), qp.dest_qpn, true, psn);
+// The headers of a SEND or WRITE packet of w at p: the BTH (a payload of
+// len bytes) and, as opcode op has them, the RETH and the immediate data.
+// Returns where the payload goes.
+[[gnu::always_inline]] inline static uint8_t *put_request(const Qp &qp, const SendWqe &w, uint8_t op, uint32_t psn, uint32_t len,
+                            bool se, bool ack_req, uint8_t *p) {
+  const uint32_t mask = wire::opcode_info(op)->mask;
+  wire::put_bth(p, op, se, wire::pad_for(len), qp.dest_qpn, ack_req, psn);
   p += wire::kBthLen;
-  if (op == uint8_t(Opcode::RC_WRITE_ONLY) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
-    wire::put_reth(p, wr.remote_va, wr.rkey, w.length);
+  if (mask & wire::HAS_RETH) {
+    wire::put_reth(p, w.wr.remote_va, w.wr.rkey, w.length);
     p += wire::kRethLen;
   }
-  if (op == uint8_t(Opcode::RC_SEND_ONLY_IMM) || op == uint8_t(Opcode::RC_WRITE_ONLY_IMM)) {
-    std::memcpy(p, &wr.imm_be, 4);
+  if (mask & wire::HAS_IMMDT) {
+    std::memcpy(p, &w.wr.imm_be, 4);
     p += wire::kImmDtLen;
   }
-  if (w.length) copy_small(p, wr.sge[0].addr, w.length);
-  return p + w.length;
+  return p;
 }
 
-// Pad and ICRC behind a payload that ends at p, for a peer on this host:
-// zeros (see tx_commit). Returns the end of the packet.
-static uint8_t *put_local_trailer(uint8_t *p, uint32_t payload_len) {
-  std::memset(p, 0, 4);
-  p += wire::pad_for(payload_len);
-  std::memset(p, 0, 4);
-  return p + wire::kIcrcLen;
-}
-
-// post_slot() for what small_wr() allows, in one pass. The WQE takes its
-// PSN; then, to a peer reached in place (Qp::in_place), its packet is built
-// with the ones posted after it (send_direct), at once if nothing is in
-// flight or kTxEager wait; elsewhere it is built now, into the transmit
-// batch. The same packets and requester state as post_slot(),
-// send_single() and build_request() make.
-void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place) {
+// post_slot() for what small_wr() allows to a peer reached in place
+// (Qp::in_place), behind only small messages posted the same way: the WQE
+// takes its PSN, and its packet is built with the ones posted after it
+// (send_direct), at once if nothing is in flight, or once kTxEager wait
+// and the window has room, or at the next progress pass.
+void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   SendWr &wr = w.wr;
   if (wr.flags & kInline) {
     // Inline data is copied now: the caller may reuse its buffer at once.
@@ -220,46 +209,26 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len, bool in_place) {
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   qp.sq.push();
   qp.next_psn = next;
+  if (!qp.small_run || qp.tx_psn == psn) qp.small_tail = psn;
+  qp.small_run = true;
   const bool in_flight = qp.una_psn != qp.tx_high;
-  if (in_place) {
-    if (!qp.small_run || qp.tx_psn == psn) qp.small_tail = psn;
-    qp.small_run = true;
-    if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager &&
-                       static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window())) {
-      requester_tx(qp);
-      tx_flush();
-    }
-    return;
+  if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager &&
+                     static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window())) {
+    requester_tx(qp);
+    tx_flush();
   }
-  qp.small_run = false;
-  TxSlot &s = tx_slot();
-  uint8_t *p = put_small(qp, w, psn, s.hdr);
-  if (qp.local_path && !tun_.icrc_local) {
-    const uint32_t total = static_cast<uint32_t>(put_local_trailer(p, len) - s.hdr);
-    const bool join = joins(qp, total);
-    wire::set_seg(s.hdr, join ? static_cast<uint8_t>(tx_pkts_[tx_count_ - 1].segs) : 0);
-    s.iov[0] = {s.hdr, total};
-    tx_group(qp, s, 1, total, join);
-  } else {
-    tx_commit(qp, static_cast<size_t>(p - s.hdr) - len, len, 0);
-  }
-  sent(qp, w, next);
-  if (!qp.ack_deadline) arm_retransmit(qp);
-  if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
 }
 
-// Sends the small messages at the head of qp's unsent ones (as small_wr()
-// allows, each one packet), as far as the window allows, built straight
-// into a slot of the peer's ring (net::Nic::tx_begin): no transmit batch,
-// no copy after the build. A slot takes packets of one size (the last may
-// be shorter) and at most 64 of them (the segment index in the BTH).
-// What it leaves, requester_tx() sends the usual way. The caller checked
-// Qp::in_place, RTS, no RNR wait, no pacing. False if it sent nothing.
+// Sends the small messages at the head of qp's unsent ones (each one
+// packet), as far as the window allows, built straight into a slot of the
+// peer's ring (net::Nic::tx_begin): no transmit batch, no copy after the
+// build. A slot takes packets of one size (the last may be shorter) and at
+// most 64 of them (the segment index in the BTH); pad and ICRC are zeros
+// (a peer on this host, see tx_commit). What it leaves, requester_tx()
+// sends the usual way. The caller checked Qp::in_place, RTS, no RNR wait,
+// no pacing. False if it sent nothing.
 bool Engine::send_direct(Qp &qp) {
-  auto small = [&](const SendWqe &w) {
-    return w.npkts == 1 && !w.placed && w.length <= kTxCopy && w.wr.num_sge <= 1 &&
-           !is_rd_atomic(w.wr.opcode) && !(w.wr.flags & kFence);
-  };
+  auto small = [](const SendWqe &w) { return w.npkts == 1 && !w.placed && small_message(w.wr, w.length); };
   const uint32_t wnd = qp.send_window();
   auto room = [&] { return static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < wnd; };
   if (qp.tx_psn == qp.next_psn || !room()) return false;
@@ -279,14 +248,16 @@ bool Engine::send_direct(Qp &qp) {
   for (int i = 0; i < 8; i++) __builtin_prefetch(base + 64 * i, 1);
   do {
     __builtin_prefetch(p + 512, 1);
-    const WrOpcode op = w->wr.opcode;
-    const uint32_t hl = wire::kBthLen + (op <= WrOpcode::rdma_write_imm ? wire::kRethLen : 0) +
-                        (op == WrOpcode::send_imm || op == WrOpcode::rdma_write_imm ? wire::kImmDtLen : 0);
-    const uint32_t total = hl + w->length + wire::pad_for(w->length) + wire::kIcrcLen;
+    const uint8_t op = static_cast<uint8_t>(request_opcode(*w, 0));
+    const uint32_t len = w->length, pad = wire::pad_for(len);
+    const uint32_t total = wire::opcode_info(op)->hdr_len + len + pad + wire::kIcrcLen;
     if (k && (total > seg || p + total > base + cap)) break;
-    uint8_t *next = put_local_trailer(put_small(qp, *w, qp.tx_psn, p), w->length);
+    uint8_t *q = put_request(qp, *w, op, qp.tx_psn, len, w->wr.flags & kSolicited, true, p);
     wire::set_seg(p, static_cast<uint8_t>(k));
-    p = next;
+    if (len) copy_small(q, w->wr.sge[0].addr, len);
+    std::memset(q + len, 0, 4);         // pad,
+    std::memset(q + len + pad, 0, 4);   // ICRC
+    p += total;
     if (!k) seg = total;
     k++;
     sent(qp, *w, psn_add(qp.tx_psn, 1));
@@ -331,29 +302,18 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
     return;
   }
   // SEND and WRITE packets, the per-packet path: the headers are written
-  // as they go (no Headers struct to fill and read back).
-  const uint8_t op = static_cast<uint8_t>(request_opcode(w, k));
-  const uint32_t mask = wire::opcode_info(op)->mask;
-  // AckReq on the last packet of a message, and every ack_every packets so
-  // that the window keeps moving during long messages.
+  // as they go (no Headers struct to fill and read back). AckReq on the
+  // last packet of a message, and every ack_every packets so that the
+  // window keeps moving during long messages.
   const uint32_t every = tun_.ack_every;
   TxSlot &s = tx_slot();
-  uint8_t *p = s.hdr;
-  wire::put_bth(p, op, last && (w.wr.flags & kSolicited), wire::pad_for(len), qp.dest_qpn,
-                ack_req || last || (every && (psn % every) == 0), psn);
-  p += wire::kBthLen;
-  if (mask & wire::HAS_RETH) {
-    wire::put_reth(p, w.wr.remote_va, w.wr.rkey, w.length);
-    p += wire::kRethLen;
-  }
-  if (mask & wire::HAS_IMMDT) {
-    std::memcpy(p, &w.wr.imm_be, 4);
-    p += wire::kImmDtLen;
-  }
+  uint8_t *p = put_request(qp, w, static_cast<uint8_t>(request_opcode(w, k)), psn, len,
+                           last && (w.wr.flags & kSolicited), ack_req || last || (every && (psn % every) == 0),
+                           s.hdr);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
     // A small message in one buffer: copied behind the headers here.
-    std::memcpy(p, w.wr.sge[0].addr, len);
+    copy_small(p, w.wr.sge[0].addr, len);
     return tx_commit(qp, hl, len, 0);
   }
   // Gather the payload straight from the registered buffers (no copy).

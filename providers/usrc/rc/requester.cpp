@@ -152,7 +152,7 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
 // Copies n <= kTxCopy bytes with a few unaligned vector moves: a memcpy
 // of a size the compiler knows to be small may become `rep movs`, whose
 // start-up costs more than the whole copy.
-static inline void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
+[[gnu::always_inline]] inline static void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
   if (n >= 16) {
     size_t i = 0;
     for (; i + 16 < n; i += 16) __builtin_memcpy(d + i, s + i, 16);

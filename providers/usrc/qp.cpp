@@ -305,7 +305,8 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // The checks that make ibv_post_send fail with an errno (this WR and the
 // rest of the list are not posted). ibv_wr_complete runs them over its
 // whole batch before posting any of it.
-static inline int check_wr(const Qp *qp, const ibv_send_wr &wr) {
+// *len: the message's length.
+static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_out) {
   const rc::QpState st = qp->t->state;
   if (st == rc::QpState::reset || st == rc::QpState::init || st == rc::QpState::rtr) return EINVAL;
   bool atomic = false;
@@ -328,10 +329,14 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr) {
   uint64_t len = 0;
   for (int i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
   if (len > rc::kMaxMsgSize || (inl && len > rc::kMaxInline)) return EINVAL;
+  *len_out = len;
   return 0;
 }
 
-int check_send_wr(const Qp *qp, const ibv_send_wr &wr) { return check_wr(qp, wr); }
+int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
+  uint64_t len;
+  return check_wr(qp, wr, &len);
+}
 
 static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
               int(rc::WrOpcode::rdma_write_imm) == IBV_WR_RDMA_WRITE_WITH_IMM &&
@@ -347,7 +352,8 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   const Pd *pd = to_pd(qp->vqp.qp.pd);
   int err = 0;
   for (; wr; wr = wr->next) {
-    if ((err = check_wr(qp, *wr))) break;   // (inlined here: the per-message path)
+    uint64_t len;
+    if ((err = check_wr(qp, *wr, &len))) break;   // (inlined here: the per-message path)
     rc::SendWr *w = e.send_slot(*qp->t);
     if (!w) {
       err = ENOMEM;
@@ -380,7 +386,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
       e.post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w->opcode), rc::WcStatus::loc_prot_err, false);
       continue;
     }
-    e.post_slot(*qp->t);
+    e.post_slot(*qp->t, len);
   }
   if (err && bad) *bad = wr;
   return err;
@@ -414,7 +420,7 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
       e.post_recv_slot(*qp->t);
     }
   }
-  c.kick();
+  // (No kick: a receive arms no timer.)
   if (err && bad) *bad = wr;
   return err;
 }

@@ -189,28 +189,27 @@ int Engine::post_send(Qp &qp, const SendWr &wr) {
   if (len > kMaxMsgSize) return EINVAL;
   if ((wr.flags & kInline) && len > kMaxInline) return EINVAL;
   copy_wr(*slot, wr);
-  post_slot(qp);
+  post_slot(qp, len);
   return 0;
 }
 
-void Engine::post_slot(Qp &qp) {
-  // At most one clock read for the times this post takes (a round-trip
-  // sample's start, the retransmission timer), and only if it takes one.
-  Pass pass(*this, 0);
+void Engine::post_slot(Qp &qp, uint64_t len) {
   SendWqe &w = qp.sq.back();
   const SendWr &wr = w.wr;
-  uint64_t len = 0;
-  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
   // Built in place with what is still unsent, if that is all small
   // messages posted the same way.
   if (qp.in_place && small_wr(qp, wr, len) &&
       (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0)))
     return post_small(qp, w, static_cast<uint32_t>(len));
+  // At most one clock read for the times this post takes (a round-trip
+  // sample's start, the retransmission timer), and only if it takes one.
+  Pass pass(*this, 0);
   qp.small_run = false;
   const bool placed = place(qp, wr, len);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   w.length = static_cast<uint32_t>(len);
   w.placed = placed;
+  w.small = false;
   if ((wr.flags & kInline) && !placed) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;

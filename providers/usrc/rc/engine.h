@@ -69,7 +69,7 @@ class Engine {
   // send WR goes into (nullptr: the send queue is full), then, once the
   // caller has filled it with a WR that passed post_send's checks, the post.
   SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.back().wr : nullptr; }
-  void post_slot(Qp &qp);
+  void post_slot(Qp &qp, uint64_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot; the QP must not be in RESET.
   RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
@@ -111,6 +111,7 @@ class Engine {
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
+  void sent_run(Qp &qp, uint32_t k);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
@@ -158,8 +159,11 @@ class Engine {
   // A pass (progress(), post_send()) reads the clock at most once: at its
   // start, or (now 0) at its first stamp(). Outside a pass, every stamp()
   // reads it.
-  uint64_t stamp() const {
-    if (pass_time_) return pass_time_;
+  [[gnu::always_inline]] uint64_t stamp() const {
+    if (pass_time_) [[likely]] return pass_time_;
+    return read_clock();
+  }
+  [[gnu::noinline]] uint64_t read_clock() const {
     const uint64_t t = clock_();
     if (in_pass_) pass_time_ = t;
     return t;

@@ -24,6 +24,13 @@ struct SendWqe {
   // An RDMA WRITE placed in the peer's memory at post time and completed
   // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
   bool placed = false;
+  // Posted by Engine::post_small: one packet built in place (send_direct)
+  // from what post time worked out, its BTH's first word (opcode, SE, pad,
+  // P_Key), whether it carries a RETH and immediate data, and its length.
+  bool small = false;
+  bool has_reth = false, has_imm = false;
+  uint16_t pkt_len = 0;
+  uint32_t bth0 = 0;
   uint8_t inline_data[kMaxInline];
 };
 

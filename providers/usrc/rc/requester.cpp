@@ -1,6 +1,7 @@
 // Requester: turns send WQEs into request packets (IBA 9.7.4.1).
 #include <cstring>
 
+#include "usrc/common/copy.h"
 #include "usrc/common/tunables.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
@@ -149,25 +150,6 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
          qp.polls_at_post == polls.load(std::memory_order_relaxed);
 }
 
-// Copies n <= kTxCopy bytes with a few unaligned vector moves: a memcpy
-// of a size the compiler knows to be small may become `rep movs`, whose
-// start-up costs more than the whole copy.
-[[gnu::always_inline]] inline static void copy_small(uint8_t *d, const uint8_t *s, size_t n) {
-  if (n >= 16) {
-    size_t i = 0;
-    for (; i + 16 < n; i += 16) __builtin_memcpy(d + i, s + i, 16);
-    __builtin_memcpy(d + n - 16, s + n - 16, 16);
-  } else if (n >= 8) {
-    __builtin_memcpy(d, s, 8);
-    __builtin_memcpy(d + n - 8, s + n - 8, 8);
-  } else if (n >= 4) {
-    __builtin_memcpy(d, s, 4);
-    __builtin_memcpy(d + n - 4, s + n - 4, 4);
-  } else {
-    for (size_t i = 0; i < n; i++) d[i] = s[i];
-  }
-}
-
 // The headers of a SEND or WRITE packet of w at p: the BTH (a payload of
 // len bytes) and, as opcode op has them, the RETH and the immediate data.
 // Returns where the payload goes.
@@ -189,9 +171,10 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
 
 // post_slot() for what small_wr() allows to a peer reached in place
 // (Qp::in_place), behind only small messages posted the same way: the WQE
-// takes its PSN, and its packet is built with the ones posted after it
-// (send_direct), at once if nothing is in flight, or once kTxEager wait
-// and the window has room, or at the next progress pass.
+// takes its PSN and what its packet's headers need, and its packet is
+// built with the ones posted after it (send_direct), at once if nothing is
+// in flight, or once kTxEager wait and the window has room, or at the
+// next progress pass.
 void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   SendWr &wr = w.wr;
   if (wr.flags & kInline) {
@@ -206,6 +189,14 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   w.npkts = 1;
   w.rd_before = qp.rd_posted;
   w.first_psn = psn;
+  const uint8_t op = static_cast<uint8_t>(request_opcode(w, 0));
+  const wire::OpcodeInfo &info = *wire::opcode_info(op);
+  const uint32_t pad = wire::pad_for(len);
+  w.small = true;
+  w.has_reth = info.mask & wire::HAS_RETH;
+  w.has_imm = info.mask & wire::HAS_IMMDT;
+  w.pkt_len = static_cast<uint16_t>(info.hdr_len + len + pad + wire::kIcrcLen);
+  w.bth0 = wire::bth_word0(op, wr.flags & kSolicited, pad);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   qp.sq.push();
   qp.next_psn = next;
@@ -214,61 +205,92 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   const bool in_flight = qp.una_psn != qp.tx_high;
   if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager &&
                      static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window())) {
+    Pass pass(*this, 0);   // (as post_slot's)
     requester_tx(qp);
     tx_flush();
   }
 }
 
 // Sends the small messages at the head of qp's unsent ones (each one
-// packet), as far as the window allows, built straight into a slot of the
-// peer's ring (net::Nic::tx_begin): no transmit batch, no copy after the
-// build. A slot takes packets of one size (the last may be shorter) and at
-// most 64 of them (the segment index in the BTH); pad and ICRC are zeros
-// (a peer on this host, see tx_commit). What it leaves, requester_tx()
-// sends the usual way. The caller checked Qp::in_place, RTS, no RNR wait,
-// no pacing. False if it sent nothing.
+// packet, posted by post_small), as far as the window allows, built
+// straight into a slot of the peer's ring (net::Nic::tx_begin): no
+// transmit batch, no copy after the build. A slot takes packets of one
+// size (the last may be shorter) and at most 64 of them (the segment index
+// in the BTH); pad and ICRC are zeros (a peer on this host, see
+// tx_commit). What it leaves, requester_tx() sends the usual way. The
+// caller checked Qp::in_place, RTS, no RNR wait, no pacing. False if it
+// sent nothing.
 bool Engine::send_direct(Qp &qp) {
-  auto small = [](const SendWqe &w) { return w.npkts == 1 && !w.placed && small_message(w.wr, w.length); };
   const uint32_t wnd = qp.send_window();
-  auto room = [&] { return static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < wnd; };
-  if (qp.tx_psn == qp.next_psn || !room()) return false;
+  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+  if (qp.tx_psn == qp.next_psn || used >= wnd) return false;
   // The WQE holding tx_psn, and the ones after it in turn (each takes one
-  // PSN: tx_pos moves on by one per packet).
+  // PSN): at most the unsent ones, the window's room and 64.
   SendWqe *w = &qp.sq.at(qp.tx_pos);
-  SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
-  if (!small(*w)) return false;
+  if (!w->small) return false;
+  const uint32_t most =
+      std::min({static_cast<uint32_t>(psn_diff(qp.next_psn, qp.tx_psn)), wnd - used, 64u});
   if (tx_nslots_) send_batch();   // what is built already leaves first
   size_t cap = 0;
   uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
   if (!base) return false;
-  uint8_t *p = base;
-  uint32_t seg = 0, k = 0;
   // The slot's lines are the consumer's (it read them last time round):
   // asked for ahead of the writes, so that the stores do not wait in turn.
   for (int i = 0; i < 8; i++) __builtin_prefetch(base + 64 * i, 1);
+  SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
+  const uint32_t seg = w->pkt_len, dest = qp.dest_qpn & 0xffffff;
+  uint8_t *p = base;
+  uint32_t psn = qp.tx_psn, k = 0, total = seg;
   do {
-    __builtin_prefetch(p + 512, 1);
-    const uint8_t op = static_cast<uint8_t>(request_opcode(*w, 0));
-    const uint32_t len = w->length, pad = wire::pad_for(len);
-    const uint32_t total = wire::opcode_info(op)->hdr_len + len + pad + wire::kIcrcLen;
+    total = w->pkt_len;
     if (k && (total > seg || p + total > base + cap)) break;
-    uint8_t *q = put_request(qp, *w, op, qp.tx_psn, len, w->wr.flags & kSolicited, true, p);
-    wire::set_seg(p, static_cast<uint8_t>(k));
+    __builtin_prefetch(p + 512, 1);
+    // The BTH (with its segment index and AckReq), then RETH and ImmDt as
+    // the opcode has them, the payload, pad and ICRC.
+    wire::put_be32(p, w->bth0);
+    wire::put_be32(p + 4, k << 24 | dest);
+    wire::put_be32(p + 8, 0x80000000u | psn);
+    uint8_t *q = p + wire::kBthLen;
+    if (w->has_reth) {
+      wire::put_reth(q, w->wr.remote_va, w->wr.rkey, w->length);
+      q += wire::kRethLen;
+    }
+    if (w->has_imm) {
+      std::memcpy(q, &w->wr.imm_be, 4);
+      q += wire::kImmDtLen;
+    }
+    const uint32_t len = w->length;
     if (len) copy_small(q, w->wr.sge[0].addr, len);
-    std::memset(q + len, 0, 4);         // pad,
-    std::memset(q + len + pad, 0, 4);   // ICRC
+    std::memset(q + len, 0, 4);           // pad,
+    std::memset(p + total - 4, 0, 4);     // ICRC
     p += total;
-    if (!k) seg = total;
+    psn = psn_add(psn, 1);
     k++;
-    sent(qp, *w, psn_add(qp.tx_psn, 1));
     if (++w == end) w = begin;
-    if (total < seg) break;   // a shorter one ends the slot
-  } while (k < 64 && qp.tx_psn != qp.next_psn && room() && small(*w));
+  } while (k < most && total == seg && w->small);   // (a shorter one ends the slot)
   count(Counter::tx_packets, k);
   count(Counter::tx_bytes, static_cast<uint64_t>(p - base));
   nic_->tx_end(static_cast<size_t>(p - base), seg);
+  sent_run(qp, k);
   if (!qp.ack_deadline) arm_retransmit(qp);
   return true;
+}
+
+// sent() for k one-packet WQEs from tx_psn on.
+void Engine::sent_run(Qp &qp, uint32_t k) {
+  const uint32_t from = qp.tx_psn, to = psn_add(from, k);
+  const int32_t fresh = std::min<int32_t>(psn_diff(to, qp.tx_high), static_cast<int32_t>(k));
+  if (fresh > 0) {
+    if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
+      qp.rtt_on = true;
+      qp.rtt_sent = stamp();
+      qp.rtt_psn = psn_add(to, kPsnMask + 1 - static_cast<uint32_t>(fresh));
+    }
+    qp.tx_high = to;
+  }
+  if (static_cast<int32_t>(k) > fresh) count(Counter::retransmits, k - std::max(fresh, 0));
+  qp.tx_psn = to;
+  qp.tx_pos += k;
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {

@@ -166,9 +166,12 @@ inline uint32_t get_be32(const uint8_t *p) {
   __builtin_memcpy(&v, p, 4);
   return __builtin_bswap32(v);
 }
+constexpr uint32_t bth_word0(uint8_t opcode, bool se, uint8_t pad) {
+  return uint32_t(opcode) << 24 | uint32_t((se ? 0x80 : 0) | pad << 4) << 16 | 0xffff;
+}
 inline void put_bth(uint8_t *p, uint8_t opcode, bool se, uint8_t pad, uint32_t dest_qp,
                     bool ack_req, uint32_t psn) {
-  put_be32(p, uint32_t(opcode) << 24 | uint32_t((se ? 0x80 : 0) | pad << 4) << 16 | 0xffff);
+  put_be32(p, bth_word0(opcode, se, pad));
   put_be32(p + 4, dest_qp & 0xffffff);
   put_be32(p + 8, (ack_req ? 0x80000000u : 0) | (psn & 0xffffff));
 }

@@ -131,7 +131,7 @@ class Engine {
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   // responder.cpp
-  bool fast_send_only(const net::RxPacket &pkt);
+  size_t fast_sends(const net::RxPacket *pkts, size_t n);
   void responder_rx(Qp &qp, const struct PacketView &p);
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);

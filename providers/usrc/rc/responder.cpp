@@ -55,48 +55,70 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
   }
 }
 
-// The common request on its own short path: a SEND ONLY (with or without
+// The common request on its own short path: SEND ONLYs (with or without
 // immediate data) from the peer of a QP on this host, without an ICRC, in
-// order, into a posted receive that holds it. Everything else, and every
-// packet this does not take (false), goes through parse() and
-// responder_rx(), which check, NAK, drop and count what is wrong with it;
-// what this one takes they would handle the same way.
-bool Engine::fast_send_only(const net::RxPacket &pkt) {
-  const uint8_t *b = pkt.data;
-  if (pkt.len < wire::kBthLen + wire::kIcrcLen) return false;
-  const bool imm = b[0] == uint8_t(Opcode::RC_SEND_ONLY_IMM);
-  if (b[0] != uint8_t(Opcode::RC_SEND_ONLY) && !imm) return false;
-  const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
-  const uint32_t hl = wire::kBthLen + (imm ? wire::kImmDtLen : 0);
-  if ((w0 & 0xf0000) != 0 || pkt.len < hl + wire::kIcrcLen) return false;   // TVer 0
-  const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = (w0 >> 20) & 3;
-  if ((body & 3) || pad > body || wire::get_be32(b + pkt.len - wire::kIcrcLen) != 0) return false;
-  Qp *qp = find_qp(w1 & 0xffffff);
+// order, each into a posted receive that holds it; as many in a row as
+// there are, for the QP of the first (checked once: a same-host sender's
+// ring slot holds a run of them). Returns how many it took. Every packet
+// it does not take goes through parse() and responder_rx(), which check,
+// NAK, drop and count what is wrong with it; what this one takes they
+// would handle the same way.
+size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
+  if (pkts[0].len < wire::kBthLen + wire::kIcrcLen) return 0;
+  const uint32_t qpn = wire::get_be32(pkts[0].data + 4) & 0xffffff;
+  Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.
-  if (!qp || !qp->local_path || pkt.src != qp->peer || qp->linger_until || !qp->comm_est ||
-      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg ||
-      (w2 & 0xffffff) != qp->epsn || qp->rq.empty())
-    return false;
-  const uint32_t len = body - pad;
-  RecvWqe &r = qp->rq.front();
-  if (len > qp->pmtu || len > r.length) return false;
-  count(Counter::rx_packets);
-  count(Counter::rx_bytes, pkt.len);
-  if (r.wr.num_sge == 1 && len <= 256) copy_small(r.wr.sge[0].addr, b + hl, len);   // (the common receive)
-  else scatter(r, 0, b + hl, len);
+  if (!qp || !qp->local_path || pkts[0].src != qp->peer || qp->linger_until || !qp->comm_est ||
+      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg)
+    return 0;
+  uint32_t epsn = qp->epsn, len = 0;
+  bool ack = false;
+  uint64_t bytes = 0;
+  size_t k = 0;
+  for (; k < n; k++) {
+    const net::RxPacket &pkt = pkts[k];
+    if (k + kRxAhead < n) {   // (a packet another core wrote: fetched ahead)
+      const net::RxPacket &a = pkts[k + kRxAhead];
+      __builtin_prefetch(a.data);
+      __builtin_prefetch(a.data + a.len - 1);
+    }
+    const uint8_t *b = pkt.data;
+    if (pkt.len < wire::kBthLen + wire::kIcrcLen) break;
+    const bool imm = b[0] == uint8_t(Opcode::RC_SEND_ONLY_IMM);
+    if (b[0] != uint8_t(Opcode::RC_SEND_ONLY) && !imm) break;
+    const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
+    const uint32_t hl = wire::kBthLen + (imm ? wire::kImmDtLen : 0);
+    if ((w0 & 0xf0000) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
+    const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = (w0 >> 20) & 3;
+    if ((body & 3) || pad > body || wire::get_be32(b + pkt.len - wire::kIcrcLen) != 0) break;
+    if ((w1 & 0xffffff) != qpn || (k && pkt.src != pkts[0].src) || (w2 & 0xffffff) != epsn ||
+        qp->rq.empty())
+      break;
+    len = body - pad;
+    RecvWqe &r = qp->rq.front();
+    if (len > qp->pmtu || len > r.length) break;
+    if (r.wr.num_sge == 1 && len <= 256) copy_small(r.wr.sge[0].addr, b + hl, len);   // (the common receive)
+    else scatter(r, 0, b + hl, len);
+    uint32_t imm_be = 0;
+    if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
+    complete_recv(*qp, WcStatus::success, WcOpcode::recv, len, imm, imm_be, w0 & 0x800000);
+    epsn = psn_add(epsn, 1);
+    bytes += pkt.len;
+    ack |= (w2 & 0x80000000u) != 0;
+  }
+  if (!k) return 0;
+  count(Counter::rx_packets, k);
+  count(Counter::rx_bytes, bytes);
   qp->recv_offset = len;
-  uint32_t imm_be = 0;
-  if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
-  complete_recv(*qp, WcStatus::success, WcOpcode::recv, len, imm, imm_be, w0 & 0x800000);
   qp->in_send = true;
-  qp->msn = msn_add(qp->msn, 1);
-  qp->epsn = psn_add(qp->epsn, 1);
+  qp->msn = msn_add(qp->msn, static_cast<uint32_t>(k));
+  qp->epsn = epsn;
   qp->nak_sent = false;
-  if (w2 & 0x80000000u) {
+  if (ack) {
     if (!qp->ack_pending) ack_list_.push_back(qp);
     qp->ack_pending = true;
   }
-  return true;
+  return k;
 }
 
 void Engine::responder_rx(Qp &qp, const PacketView &v) {

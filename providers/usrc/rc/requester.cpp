@@ -234,17 +234,18 @@ bool Engine::send_direct(Qp &qp) {
   size_t cap = 0;
   uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
   if (!base) return false;
-  // The slot's lines are the consumer's (it read them last time round):
-  // asked for ahead of the writes, so that the stores do not wait in turn.
-  for (int i = 0; i < 8; i++) __builtin_prefetch(base + 64 * i, 1);
   SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
   const uint32_t seg = w->pkt_len, dest = qp.dest_qpn & 0xffffff;
+  // The slot's lines are the consumer's (it read them last time round):
+  // all asked for at once, ahead of the writes, so that the stores do not
+  // wait for them one by one.
+  for (size_t off = 0, fill = std::min<size_t>(size_t(most) * seg, cap); off < fill; off += 64)
+    __builtin_prefetch(base + off, 1);
   uint8_t *p = base;
   uint32_t psn = qp.tx_psn, k = 0, total = seg;
   do {
     total = w->pkt_len;
     if (k && (total > seg || p + total > base + cap)) break;
-    __builtin_prefetch(p + 512, 1);
     // The BTH (with its segment index and AckReq), then RETH and ImmDt as
     // the opcode has them, the payload, pad and ICRC.
     wire::put_be32(p, w->bth0);

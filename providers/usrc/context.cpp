@@ -417,8 +417,7 @@ void Context::remove_mr(uint32_t key) {
   mrs_.erase(key);
   if (key == last_key_) last_key_ = 0, last_mr_ = nullptr;
 }
-Mr *Context::find_mr(uint32_t key) {
-  if (key == last_key_ && last_mr_) return last_mr_;
+Mr *Context::lookup_mr(uint32_t key) {
   auto it = mrs_.find(key);
   if (it == mrs_.end()) return nullptr;
   last_key_ = key;

@@ -28,18 +28,14 @@ constexpr int kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
                           IBV_ACCESS_ON_DEMAND;
 
-uint8_t *Mr::map(uint64_t va, uint64_t len) const {
-  if (va < iova || len > length || va - iova > length - len) return nullptr;
-  uint8_t *p = addr + (va - iova);
-  if (odp && len) {
-    // The range must be mapped now (msync fails with ENOMEM on any hole):
-    // memory unmapped while registered gives an access error, not a crash.
-    // The check is made when an operation starts.
-    const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-    if (msync(reinterpret_cast<void *>(start), reinterpret_cast<uintptr_t>(p) + len - start,
-              MS_ASYNC) != 0)
-      return nullptr;
-  }
+uint8_t *Mr::mapped(uint8_t *p, uint64_t len) const {
+  // The range must be mapped now (msync fails with ENOMEM on any hole):
+  // memory unmapped while registered gives an access error, not a crash.
+  // The check is made when an operation starts.
+  const uintptr_t page = 4096, start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  if (msync(reinterpret_cast<void *>(start), reinterpret_cast<uintptr_t>(p) + len - start,
+            MS_ASYNC) != 0)
+    return nullptr;
   return p;
 }
 

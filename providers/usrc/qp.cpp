@@ -277,10 +277,13 @@ int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
 // Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
 // names an MR of the QP's PD that covers the range, with local write access
 // where data will be written. Fills the transport's SGEs.
+// *total: the bytes they add up to.
 static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge *out,
-                     bool write) {
+                     bool write, uint64_t *total = nullptr) {
+  uint64_t sum = 0;
   for (int i = 0; i < n; i++) {
     out[i] = {reinterpret_cast<uint8_t *>(in[i].addr), in[i].length};
+    sum += in[i].length;
     if (in[i].length == 0) continue;
     Mr *mr = c.find_mr(in[i].lkey);
     if (!mr || mr->pd != pd) return false;
@@ -288,6 +291,7 @@ static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge
     out[i].addr = mr->map(in[i].addr, in[i].length);
     if (!out[i].addr) return false;
   }
+  if (total) *total = sum;
   return true;
 }
 
@@ -307,19 +311,10 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // whole batch before posting any of it.
 // *len: the message's length.
 static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_out) {
-  const rc::QpState st = qp->t->state;
-  if (st == rc::QpState::reset || st == rc::QpState::init || st == rc::QpState::rtr) return EINVAL;
-  bool atomic = false;
-  switch (wr.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ: break;
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD: atomic = true; break;
-    default: return EINVAL;
-  }
+  if (qp->t->state <= rc::QpState::rtr) return EINVAL;   // RESET, INIT, RTR
+  // The supported opcodes are the first seven (see the static_assert below).
+  if (static_cast<unsigned>(wr.opcode) > IBV_WR_ATOMIC_FETCH_AND_ADD) return EINVAL;
+  const bool atomic = wr.opcode >= IBV_WR_ATOMIC_CMP_AND_SWP;
   if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   // READ and ATOMIC write local memory: no inline data.
@@ -413,11 +408,12 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
       }
       w->wr_id = wr->wr_id;
       w->num_sge = static_cast<uint32_t>(wr->num_sge);
-      if (!map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, true)) {
+      uint64_t len;
+      if (!map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, true, &len)) {
         e.post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err, true);
         continue;
       }
-      e.post_recv_slot(*qp->t);
+      e.post_recv_slot(*qp->t, len);
     }
   }
   // (No kick: a receive arms no timer.)

@@ -42,8 +42,13 @@ struct Mr {
   bool odp;                    // IBV_ACCESS_ON_DEMAND: nothing is pinned or
                                // assumed mapped; each access checks first
   // The host address of [va, va+len) if the MR covers it (and, for ODP,
-  // it is mapped now); nullptr otherwise.
-  uint8_t *map(uint64_t va, uint64_t len) const;
+  // it is mapped now); nullptr otherwise. (Inline: every posted WR's SGEs.)
+  uint8_t *map(uint64_t va, uint64_t len) const {
+    if (va < iova || len > length || va - iova > length - len) return nullptr;
+    uint8_t *p = addr + (va - iova);
+    return odp && len ? mapped(p, len) : p;
+  }
+  uint8_t *mapped(uint8_t *p, uint64_t len) const;   // ODP: p if [p, p+len) is mapped now
 };
 
 // Device memory (ibv_alloc_dm): memory of the provider, reached only
@@ -129,7 +134,10 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // MR table; guarded by engine().mu.
   uint32_t add_mr(Mr *mr);
   void remove_mr(uint32_t key);
-  Mr *find_mr(uint32_t key);
+  Mr *find_mr(uint32_t key) {   // (the last one found is kept: the common case inline)
+    return key == last_key_ && last_mr_ ? last_mr_ : lookup_mr(key);
+  }
+  Mr *lookup_mr(uint32_t key);
 
   uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
                    uint32_t access) override;

@@ -569,9 +569,13 @@ void ShmNic::tx_end(size_t len, size_t seg) {
   publish(*open_.slot, open_.pos, open_.src, len, seg);
   ring_if_asleep(*open_.ring, open_.dst);
   // The next slot's header, which the consumer wrote when it freed it, is
-  // what the next claim reads first: fetched now, while the application
-  // posts the next messages.
-  __builtin_prefetch(&open_.ring->slots[(open_.pos + 1) & kMask], 1);
+  // what the next claim reads first, and a stream's next build writes as
+  // many lines as this one did: fetched for writing now, while the
+  // application posts the next messages, so that neither the build nor
+  // the fences after it (the publish, the engine lock) wait for them.
+  ShmSlot &next = open_.ring->slots[(open_.pos + 1) & kMask];
+  __builtin_prefetch(&next, 1);
+  for (size_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(next.data + off, 1);
   open_.slot = nullptr;
 }
 

@@ -281,14 +281,14 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   RecvWr *slot = recv_slot(qp);
   if (!slot) return ENOMEM;
   copy_wr(*slot, wr);
-  post_recv_slot(qp);
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < wr.num_sge; i++) len += wr.sge[i].length;
+  post_recv_slot(qp, len);
   return 0;
 }
 
-void Engine::post_recv_slot(Qp &qp) {
+void Engine::post_recv_slot(Qp &qp, uint64_t len) {
   RecvWqe &r = qp.rq.back();
-  uint64_t len = 0;
-  for (uint32_t i = 0; i < r.wr.num_sge; i++) len += r.wr.sge[i].length;
   r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
   qp.rq.push();
   if (qp.state == QpState::err) flush_queues(qp);

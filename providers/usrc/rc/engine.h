@@ -73,7 +73,7 @@ class Engine {
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot; the QP must not be in RESET.
   RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
-  void post_recv_slot(Qp &qp);
+  void post_recv_slot(Qp &qp, uint64_t len);
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the

@@ -551,7 +551,20 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
   }
   if (!s) return false;
   publish(*s, pos, src, len, seg);
+  prefetch_next(r, pos, len);
   return true;
+}
+
+// After filling the slot at pos with len bytes: the next slot's header,
+// which the consumer wrote when it freed it, is what the next claim reads
+// first, and a stream's next slot takes about as many lines as this one
+// did. Both are fetched for writing now, while the application goes on,
+// so that neither the next copy nor the fences after it (the publish, the
+// engine lock) wait for them one by one.
+void ShmNic::prefetch_next(ShmRing &r, uint64_t pos, size_t len) {
+  ShmSlot &next = r.slots[(pos + 1) & kMask];
+  __builtin_prefetch(&next, 1);
+  for (size_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(next.data + off, 1);
 }
 
 uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
@@ -568,14 +581,7 @@ uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
 void ShmNic::tx_end(size_t len, size_t seg) {
   publish(*open_.slot, open_.pos, open_.src, len, seg);
   ring_if_asleep(*open_.ring, open_.dst);
-  // The next slot's header, which the consumer wrote when it freed it, is
-  // what the next claim reads first, and a stream's next build writes as
-  // many lines as this one did: fetched for writing now, while the
-  // application posts the next messages, so that neither the build nor
-  // the fences after it (the publish, the engine lock) wait for them.
-  ShmSlot &next = open_.ring->slots[(open_.pos + 1) & kMask];
-  __builtin_prefetch(&next, 1);
-  for (size_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(next.data + off, 1);
+  prefetch_next(*open_.ring, open_.pos, len);
   open_.slot = nullptr;
 }
 

@@ -77,6 +77,7 @@ class ShmNic final : public Nic {
   ShmSlot *claim(ShmRing &r, uint64_t *pos);
   bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
   void publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t seg);
+  void prefetch_next(ShmRing &r, uint64_t pos, size_t len);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
   std::unique_ptr<Nic> inner_;

@@ -134,6 +134,8 @@ class Engine {
   size_t fast_sends(const net::RxPacket *pkts, size_t n);
   void responder_rx(Qp &qp, const struct PacketView &p);
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
+  bool ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void atomic_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len);

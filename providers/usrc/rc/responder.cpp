@@ -12,6 +12,35 @@ namespace usrc::rc {
 using wire::Opcode;
 
 void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
+  if (!qp.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
+  switch (wire::aeth_type(syndrome)) {
+    case wire::AckType::ack: count(Counter::acks_sent); break;
+    case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
+    default:
+      count(wire::aeth_value(syndrome) == wire::NAK_PSN_SEQ ? Counter::seq_naks_sent
+                                                            : Counter::other_naks_sent);
+  }
+}
+
+// The ACK (or NAK) of a QP whose peer's ring we build in (Qp::in_place),
+// straight into a slot of it, after what is built already; false if there
+// is no slot.
+bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
+  if (tx_nslots_) send_batch();   // (in order: READ responses before their ACK)
+  size_t cap = 0;
+  uint8_t *const p = nic_->tx_begin(qp.peer, qp.sport, &cap);
+  if (!p) return false;
+  constexpr size_t len = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
+  wire::put_bth(p, static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE), false, 0, qp.dest_qpn, false, psn);
+  wire::put_be32(p + wire::kBthLen, uint32_t(syndrome) << 24 | (qp.msn & 0xffffff));
+  std::memset(p + wire::kBthLen + wire::kAethLen, 0, wire::kIcrcLen);   // (a peer on this host)
+  nic_->tx_end(len, len);
+  count(Counter::tx_packets);
+  count(Counter::tx_bytes, len);
+  return true;
+}
+
+void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE);
   h.bth.pkey = 0xffff;
@@ -21,13 +50,6 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
   TxSlot &s = tx_slot();
   size_t hl = wire::build_headers(h, 0, s.hdr);
   tx_commit(qp, hl, 0, 0);
-  switch (wire::aeth_type(syndrome)) {
-    case wire::AckType::ack: count(Counter::acks_sent); break;
-    case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
-    default:
-      count(wire::aeth_value(syndrome) == wire::NAK_PSN_SEQ ? Counter::seq_naks_sent
-                                                            : Counter::other_naks_sent);
-  }
 }
 
 // (Inlined: on the receive short cut a call was a third of its cost.)

@@ -244,6 +244,34 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
   set_state(qp, QpState::err);
 }
 
+// The common response on its own short path: a plain ACK (no payload, no
+// ICRC) from the peer of a QP on this host, for a PSN it was sent. Anything
+// else goes through parse() and completer_rx(), which check, drop and count
+// what is wrong with it; what this one takes they would handle the same way.
+bool Engine::fast_ack(const net::RxPacket &pkt) {
+  constexpr size_t kLen = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
+  const uint8_t *b = pkt.data;
+  if (pkt.len != kLen || b[0] != uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
+  const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
+  const uint8_t syn = b[wire::kBthLen];
+  if ((w0 & 0x3f0000) != 0 || wire::get_be32(b + kLen - wire::kIcrcLen) != 0 ||   // pad, TVer 0
+      wire::aeth_type(syn) != wire::AckType::ack)
+    return false;
+  Qp *qp = find_qp(w1 & 0xffffff);
+  if (!qp || !qp->local_path || pkt.src != qp->peer || qp->linger_until ||
+      (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
+    return false;
+  const uint32_t psn = w2 & 0xffffff;
+  if (psn_diff(psn, qp->tx_high) >= 0 || psn_diff(psn, psn_add(qp->una_psn, kPsnMask)) < 0)
+    return false;   // (a ghost: counted there)
+  count(Counter::rx_packets);
+  count(Counter::rx_bytes, kLen);
+  count(Counter::acks_rcvd);
+  ack_through(*qp, psn);
+  requester_tx(*qp);
+  return true;
+}
+
 void Engine::completer_rx(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
   // A response must name a PSN we sent: in [una - 1, tx_high - 1].

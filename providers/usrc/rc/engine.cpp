@@ -380,6 +380,7 @@ void Engine::build_acks() {
 }
 
 void Engine::handle_packet(const net::RxPacket &pkt) {
+  if (fast_ack(pkt)) return;
   count(Counter::rx_packets);
   count(Counter::rx_bytes, pkt.len);
   PacketView &v = rx_view_;   // (parse writes all of it)

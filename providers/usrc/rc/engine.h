@@ -130,6 +130,7 @@ class Engine {
   void arm_retransmit(Qp &qp);
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
+  bool fast_ack(const net::RxPacket &pkt);
   // responder.cpp
   size_t fast_sends(const net::RxPacket *pkts, size_t n);
   void responder_rx(Qp &qp, const struct PacketView &p);

@@ -86,7 +86,9 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // NAK, drop and count what is wrong with it; what this one takes they
 // would handle the same way.
 size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
-  if (pkts[0].len < wire::kBthLen + wire::kIcrcLen) return 0;
+  if (pkts[0].len < wire::kBthLen + wire::kIcrcLen ||
+      (pkts[0].data[0] | 1) != uint8_t(Opcode::RC_SEND_ONLY_IMM))   // (SEND ONLY is 4, with ImmDt 5)
+    return 0;
   const uint32_t qpn = wire::get_be32(pkts[0].data + 4) & 0xffffff;
   Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.

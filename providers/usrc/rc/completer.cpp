@@ -10,11 +10,11 @@ namespace usrc::rc {
 
 static WcOpcode wc_opcode(const SendWqe &w) { return wc_opcode_of(w.wr.opcode); }
 
-void Engine::complete_head(Qp &qp) {
-  SendWqe &w = qp.sq.front();
+// The WQE w at the head of the send queue has completed successfully:
+// its completion, if it asked for one (the caller pops it).
+[[gnu::always_inline]] inline void Engine::completed(Qp &qp, const SendWqe &w) {
   if (w.placed) {   // completed when placed
     qp.placed--;
-    qp.sq.pop();
     return;
   }
   if (qp.sq_sig_all || (w.wr.flags & kSignaled))
@@ -23,6 +23,10 @@ void Engine::complete_head(Qp &qp) {
                       : is_rd_atomic(w.wr.opcode)        ? 8u
                                                          : w.length,
                       0, qp.qpn, 0, 0, stamp()});
+}
+
+void Engine::complete_head(Qp &qp) {
+  completed(qp, qp.sq.front());
   qp.sq.pop();
 }
 
@@ -104,20 +108,25 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   uint32_t new_una = psn_add(psn, 1);
   if (psn_diff(new_una, qp.una_psn) <= 0) return false;
   bool gap = false;
-  while (!qp.sq.empty()) {
-    SendWqe &w = qp.sq.front();
-    if (is_rd_atomic(w.wr.opcode)) {
-      if (psn_le(w.first_psn, psn)) {
+  // The WQEs it covers, walked by pointer and popped together.
+  const uint64_t queued = qp.sq.tail - qp.sq.head;
+  const SendWqe *w = &qp.sq.front(), *const begin = qp.sq.begin_slots(), *const end = qp.sq.end_slots();
+  uint32_t done = 0;
+  for (; done < queued; done++) {
+    if (is_rd_atomic(w->wr.opcode)) {
+      if (psn_le(w->first_psn, psn)) {
         // Acknowledged beyond a READ/ATOMIC whose response we lack.
         gap = true;
-        if (psn_lt(qp.una_psn, w.first_psn)) new_una = w.first_psn;
+        if (psn_lt(qp.una_psn, w->first_psn)) new_una = w->first_psn;
         else new_una = qp.una_psn;
       }
       break;
     }
-    if (psn_lt(psn, psn_add(w.first_psn, w.npkts - 1))) break;
-    complete_head(qp);
+    if (psn_lt(psn, psn_add(w->first_psn, w->npkts - 1))) break;
+    completed(qp, *w);
+    if (++w == end) w = begin;
   }
+  qp.sq.pop(done);
   bool progress = psn_diff(new_una, qp.una_psn) > 0;
   if (progress) {
     if (qp.rtt_on && psn_lt(qp.rtt_psn, new_una)) {

@@ -123,6 +123,7 @@ class Engine {
   void atomic_ack(Qp &qp, const struct PacketView &p);
   void implied_ack(Qp &qp, uint32_t psn);
   void complete_head(Qp &qp);
+  void completed(Qp &qp, const SendWqe &w);
   void advanced(Qp &qp);
   void implied_nak(Qp &qp);
   void window_loss(Qp &qp, bool timeout);

@@ -62,6 +62,12 @@ struct Ring {
   T &back() { return slots[ti]; }    // at(tail): the next slot to fill
   void pop() { head++, hi = hi + 1 == cap ? 0 : hi + 1; }
   void push() { tail++, ti = ti + 1 == cap ? 0 : ti + 1; }
+  void pop(uint32_t n) {   // n <= tail - head
+    head += n, hi += n;
+    if (hi >= cap) hi -= cap;
+  }
+  T *begin_slots() { return slots.data(); }
+  T *end_slots() { return slots.data() + cap; }
   T &at(uint64_t pos) {
     // The quotient estimate is low by at most one: one correction.
     uint64_t r = pos - static_cast<uint64_t>((static_cast<unsigned __int128>(pos) * inv) >> 64) * cap;

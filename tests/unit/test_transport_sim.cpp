@@ -52,15 +52,16 @@ struct Pair {
     b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, kBase, clock, &b.mem, nullptr);
     a.qp = a.e->create_qp(depth, depth);
     b.qp = b.e->create_qp(depth, depth);
-    connect(a, b, eb, pmtu, psn_a, psn_b);
-    connect(b, a, ea, pmtu, psn_b, psn_a);
+    connect(a, *a.qp, b.qp->qpn, eb, pmtu, psn_a, psn_b);
+    connect(b, *b.qp, a.qp->qpn, ea, pmtu, psn_b, psn_a);
   }
-  static void connect(Side &s, Side &peer, net::Endpoint pe, uint32_t pmtu, uint32_t my_psn,
-                      uint32_t peer_psn) {
-    Qp &q = *s.qp;
+  // Takes q (of s's engine, completing on s's CQs) through INIT and RTR to
+  // RTS, connected to QP dest_qpn at pe.
+  static void connect(Side &s, Qp &q, uint32_t dest_qpn, net::Endpoint pe, uint32_t pmtu,
+                      uint32_t my_psn, uint32_t peer_psn) {
     q.send_cq = &s.scq;
     q.recv_cq = &s.rcq;
-    q.dest_qpn = peer.qp->qpn;
+    q.dest_qpn = dest_qpn;
     q.peer = pe;
     q.pmtu = pmtu;
     q.access = kAccessRemoteWrite;
@@ -286,6 +287,46 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     CHECK(rcv[0].status == WcStatus::success);
     CHECK(rcv[0].byte_len == 60);
     CHECK(std::equal(tx.begin(), tx.end(), rx.begin()));
+  }
+  SECTION("two QPs between the same engines: their packets meet in one receive, each QP takes its own") {
+    Pair p(35);
+    // A second pair whose PSNs run one ahead of the first's: in a receive
+    // where the first QP's packet is followed by the second's, that one
+    // bears the PSN the first QP expects next, and only its QPN tells.
+    Qp *qa = p.a.e->create_qp(4096, 4096), *qb = p.b.e->create_qp(4096, 4096);
+    Pair::connect(p.a, *qa, qb->qpn, p.b.e->nic().local(), 1024, 1, 1);
+    Pair::connect(p.b, *qb, qa->qpn, p.a.e->nic().local(), 1024, 1, 1);
+    qa->local_path = qb->local_path = true;
+    p.same_host();
+    p.a.e->set_state(*qa, QpState::rts);
+    p.b.e->set_state(*qb, QpState::rts);
+    REQUIRE(qa->in_place);
+    constexpr int n = 300;
+    std::vector<uint8_t> tx(2 * n * 48), rx(2 * n * 64, 0);
+    for (size_t i = 0; i < tx.size(); i++) tx[i] = static_cast<uint8_t>(i * 7 + i / 251);
+    Qp *from[2] = {p.a.qp, qa}, *to[2] = {p.b.qp, qb};
+    for (int q = 0; q < 2; q++)
+      for (int i = 0; i < n; i++)
+        REQUIRE(p.b.e->post_recv(*to[q], recv_wr(rx.data() + (q * n + i) * 64, 64, q * n + i)) == 0);
+    // One message on each QP, each sent before the receiver looks.
+    for (int i = 0; i < n; i++) {
+      for (int q = 0; q < 2; q++) {
+        REQUIRE(p.a.e->post_send(*from[q], send_wr(tx.data() + (q * n + i) * 48, 48, q * n + i)) == 0);
+        p.a.e->progress();
+      }
+      p.b.e->progress();
+    }
+    std::vector<Completion> sc, rcv;
+    REQUIRE(p.collect(sc, 2 * n, &rcv, 2 * n));
+    for (const Completion &c : sc) CHECK(c.status == WcStatus::success);
+    for (const Completion &c : rcv) {
+      REQUIRE(c.status == WcStatus::success);
+      CHECK(c.byte_len == 48);
+      CHECK(c.qp_num == (c.wr_id < n ? p.b.qp->qpn : qb->qpn));
+    }
+    // Each receive holds its own QP's message, in posting order.
+    for (int i = 0; i < 2 * n; i++)
+      CHECK(std::equal(tx.begin() + i * 48, tx.begin() + (i + 1) * 48, rx.begin() + i * 64));
   }
   SECTION("a SEND longer than the receive buffer fails both sides") {
     Pair p(33);
@@ -810,8 +851,8 @@ struct GsoPair {
     b.e = std::make_unique<Engine>(std::move(nb), 2, Pair::kBase, clock, &b.mem, nullptr);
     a.qp = a.e->create_qp(a_sq, 16);
     b.qp = b.e->create_qp(16, b_rq);
-    Pair::connect(a, b, eb, 1024, 0, 0);
-    Pair::connect(b, a, ea, 1024, 0, 0);
+    Pair::connect(a, *a.qp, b.qp->qpn, eb, 1024, 0, 0);
+    Pair::connect(b, *b.qp, a.qp->qpn, ea, 1024, 0, 0);
     gso->sends.clear();
   }
 };

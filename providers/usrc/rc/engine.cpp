@@ -106,6 +106,11 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.cwnd_acc = 0;
       std::erase(ack_list_, &qp);
       break;
+    case QpState::rtr:
+      // A responder's ACKs go in place from RTR on (a receive-only QP,
+      // such as ib_send_bw's server, stays there).
+      qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
+      break;
     case QpState::rts:
       if (old != QpState::rts) {
         qp.retry_left = qp.retry_cnt;

@@ -696,9 +696,14 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     // look (up to 2 KB), not missed one after another as they are read.
     if (!seg_off_)
       for (uint32_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(s.data + off);
-    for (; seg_off_ < len && k < ring_max; seg_off_ += seg)
-      out[k++] = {{s.src_ip, s.src_port}, s.data + seg_off_, std::min(seg, len - seg_off_), true};
-    if (seg_off_ < len) break;
+    // (In locals: each store into out[] could otherwise change the slot's
+    // fields as far as the compiler knows, and they were read again.)
+    const Endpoint src{s.src_ip, s.src_port};
+    const uint8_t *const data = s.data;
+    uint32_t off = seg_off_;
+    for (; off < len && k < ring_max; off += seg) out[k++] = {src, data + off, std::min(seg, len - off), true};
+    seg_off_ = off;
+    if (off < len) break;
     seg_off_ = 0;
     head++;
   }

@@ -95,7 +95,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   if (!qp || !qp->local_path || pkts[0].src != qp->peer || qp->linger_until || !qp->comm_est ||
       qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg)
     return 0;
-  uint32_t epsn = qp->epsn, len = 0;
+  uint32_t epsn = qp->epsn, last_len = 0;
   bool ack = false;
   uint64_t bytes = 0;
   // What the run needs of the QP, read once: the payload copies store
@@ -125,7 +125,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = (w0 >> 20) & 3;
     if ((body & 3) || pad > body || wire::get_be32(b + pkt.len - wire::kIcrcLen) != 0) break;
     if ((w1 & 0xffffff) != qpn || pkt.src != src || (w2 & 0xffffff) != epsn) break;
-    len = body - pad;
+    const uint32_t len = body - pad;
     if (len > pmtu || len > r->length) break;
     if (r->wr.num_sge == 1 && len <= 256) copy_small(r->wr.sge[0].addr, b + hl, len);   // (the common receive)
     else scatter(*r, 0, b + hl, len);
@@ -139,13 +139,14 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     epsn = psn_add(epsn, 1);
     bytes += pkt.len;
     ack |= (w2 & 0x80000000u) != 0;
+    last_len = len;
     if (++r == rq_end) r = rq_begin;
   }
   qp->rq.pop(static_cast<uint32_t>(k));
   if (!k) return 0;
   count(Counter::rx_packets, k);
   count(Counter::rx_bytes, bytes);
-  qp->recv_offset = len;
+  qp->recv_offset = last_len;
   qp->in_send = true;
   qp->msn = msn_add(qp->msn, static_cast<uint32_t>(k));
   qp->epsn = epsn;

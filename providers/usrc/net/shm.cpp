@@ -17,6 +17,8 @@
 #include <ctime>
 #include <mutex>
 
+#include "usrc/common/copy.h"
+
 namespace usrc::net {
 
 namespace {
@@ -564,7 +566,7 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
 void ShmNic::prefetch_next(ShmRing &r, uint64_t pos, size_t len) {
   ShmSlot &next = r.slots[(pos + 1) & kMask];
   __builtin_prefetch(&next, 1);
-  for (size_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(next.data + off, 1);
+  prefetch_lines<true>(next.data, std::min<size_t>(len, 2048));
 }
 
 uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
@@ -694,8 +696,7 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     // head (not freed) until its last one is handed out. The producer's
     // core wrote them: their lines are asked for all at once on the first
     // look (up to 2 KB), not missed one after another as they are read.
-    if (!seg_off_)
-      for (uint32_t off = 0; off < len && off < 2048; off += 64) __builtin_prefetch(s.data + off);
+    if (!seg_off_) prefetch_lines(s.data, std::min<size_t>(len, 2048));
     // (In locals: each store into out[] could otherwise change the slot's
     // fields as far as the compiler knows, and they were read again.)
     const Endpoint src{s.src_ip, s.src_port};

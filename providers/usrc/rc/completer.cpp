@@ -257,6 +257,11 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
 // ICRC) from the peer of a QP on this host, for a PSN it was sent. Anything
 // else goes through parse() and completer_rx(), which check, drop and count
 // what is wrong with it; what this one takes they would handle the same way.
+// A response must name a PSN we sent: in [una - 1, tx_high - 1].
+static bool names_sent_psn(const Qp &qp, uint32_t psn) {
+  return psn_diff(psn, qp.tx_high) < 0 && psn_diff(psn, psn_add(qp.una_psn, kPsnMask)) >= 0;
+}
+
 bool Engine::fast_ack(const net::RxPacket &pkt) {
   constexpr size_t kLen = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
   const uint8_t *b = pkt.data;
@@ -271,8 +276,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
   const uint32_t psn = w2 & 0xffffff;
-  if (psn_diff(psn, qp->tx_high) >= 0 || psn_diff(psn, psn_add(qp->una_psn, kPsnMask)) < 0)
-    return false;   // (a ghost: counted there)
+  if (!names_sent_psn(*qp, psn)) return false;   // (a ghost: counted there)
   count(Counter::rx_packets);
   count(Counter::rx_bytes, kLen);
   count(Counter::acks_rcvd);
@@ -283,8 +287,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
 
 void Engine::completer_rx(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
-  // A response must name a PSN we sent: in [una - 1, tx_high - 1].
-  if (psn_diff(psn, qp.tx_high) >= 0 || psn_diff(psn, psn_add(qp.una_psn, kPsnMask)) < 0) {
+  if (!names_sent_psn(qp, psn)) {
     count(Counter::ghost_acks);
     return;
   }

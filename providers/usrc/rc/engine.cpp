@@ -89,6 +89,13 @@ void Engine::set_state(Qp &qp, QpState s) {
   tx_flush();   // nothing built under the old state or path stays queued
   QpState old = qp.state;
   qp.state = s;
+  // Packets to a peer reached in place (Qp::in_place): a responder's ACKs
+  // from RTR on (a receive-only QP, such as ib_send_bw's server, stays
+  // there), the requester's small messages in RTS. (Looked up once: a ring
+  // that closes since makes tx_begin() fail, and the packets go the usual
+  // way.)
+  if (s == QpState::rtr || s == QpState::rts)
+    qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
   switch (s) {
     case QpState::reset:
       qp.sq.clear();
@@ -106,19 +113,11 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.cwnd_acc = 0;
       std::erase(ack_list_, &qp);
       break;
-    case QpState::rtr:
-      // A responder's ACKs go in place from RTR on (a receive-only QP,
-      // such as ib_send_bw's server, stays there).
-      qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
-      break;
     case QpState::rts:
       if (old != QpState::rts) {
         qp.retry_left = qp.retry_cnt;
         qp.rnr_left = qp.rnr_retry;
       }
-      // (Looked up once: a ring that closes since makes tx_begin() fail,
-      // and the packets go the usual way.)
-      qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
       requester_tx(qp);
       tx_flush();
       break;

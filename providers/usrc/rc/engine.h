@@ -106,12 +106,13 @@ class Engine {
   // requester.cpp
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);
-  static bool small_message(const SendWr &wr, uint64_t len);
   bool small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const;
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void sent_run(Qp &qp, uint32_t k);
+  uint8_t *ring_slot(const Qp &qp, size_t *cap);
+  void ring_slot_done(size_t len, size_t seg, uint32_t n);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);

@@ -129,20 +129,14 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
   return true;
 }
 
-// A message that small_wr() and send_direct() build in place: a SEND or
-// an RDMA WRITE (with or without immediate data) of at most one buffer of
-// at most kTxCopy bytes, no fence.
-bool Engine::small_message(const SendWr &wr, uint64_t len) {
-  return len <= kTxCopy && wr.num_sge <= 1 && !is_rd_atomic(wr.opcode) && !(wr.flags & kFence);
-}
-
 // Whether a WR of len bytes, just written into the send queue's next slot,
-// can take post_small(): a small_message() that fits one packet, no direct
-// placement to try, on a QP in RTS with no RNR wait and no pacing.
-// (post_slot() adds what must be sent before it.)
+// can take post_small(): a SEND or an RDMA WRITE (with or without
+// immediate data) of at most one buffer of at most kTxCopy bytes that fits
+// one packet, no fence, no direct placement to try, on a QP in RTS with no
+// RNR wait and no pacing. (post_slot() adds what must be sent before it.)
 bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
-  if (!small_message(wr, len) || len > qp.pmtu || qp.state != QpState::rts || qp.rnr_deadline ||
-      qp.rate_bps)
+  if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
+      (wr.flags & kFence) || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps)
     return false;
   // (A WRITE that place() may put in the peer's memory: the general path.
   // It places only for an application that polled since its last post.)
@@ -150,23 +144,28 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
          qp.polls_at_post == polls.load(std::memory_order_relaxed);
 }
 
-// The headers of a SEND or WRITE packet of w at p: the BTH (a payload of
-// len bytes) and, as opcode op has them, the RETH and the immediate data.
-// Returns where the payload goes.
-[[gnu::always_inline]] inline static uint8_t *put_request(const Qp &qp, const SendWqe &w, uint8_t op, uint32_t psn, uint32_t len,
-                            bool se, bool ack_req, uint8_t *p) {
-  const uint32_t mask = wire::opcode_info(op)->mask;
-  wire::put_bth(p, op, se, wire::pad_for(len), qp.dest_qpn, ack_req, psn);
-  p += wire::kBthLen;
-  if (mask & wire::HAS_RETH) {
+// The headers after the BTH of a SEND or WRITE packet of w at p: the RETH
+// and the immediate data, as the opcode has them. Returns where the
+// payload goes.
+[[gnu::always_inline]] inline static uint8_t *put_ext(const SendWqe &w, bool reth, bool imm, uint8_t *p) {
+  if (reth) {
     wire::put_reth(p, w.wr.remote_va, w.wr.rkey, w.length);
     p += wire::kRethLen;
   }
-  if (mask & wire::HAS_IMMDT) {
+  if (imm) {
     std::memcpy(p, &w.wr.imm_be, 4);
     p += wire::kImmDtLen;
   }
   return p;
+}
+
+// The headers of a SEND or WRITE packet of w at p: the BTH (a payload of
+// len bytes) and put_ext()'s. Returns where the payload goes.
+[[gnu::always_inline]] inline static uint8_t *put_request(const Qp &qp, const SendWqe &w, uint8_t op, uint32_t psn, uint32_t len,
+                            bool se, bool ack_req, uint8_t *p) {
+  const uint32_t mask = wire::opcode_info(op)->mask;
+  wire::put_bth(p, op, se, wire::pad_for(len), qp.dest_qpn, ack_req, psn);
+  return put_ext(w, mask & wire::HAS_RETH, mask & wire::HAS_IMMDT, p + wire::kBthLen);
 }
 
 // post_slot() for what small_wr() allows to a peer reached in place
@@ -230,17 +229,15 @@ bool Engine::send_direct(Qp &qp) {
   if (!w->small) return false;
   const uint32_t most =
       std::min({static_cast<uint32_t>(psn_diff(qp.next_psn, qp.tx_psn)), wnd - used, 64u});
-  if (tx_nslots_) send_batch();   // what is built already leaves first
   size_t cap = 0;
-  uint8_t *const base = nic_->tx_begin(qp.peer, qp.sport, &cap);
+  uint8_t *const base = ring_slot(qp, &cap);
   if (!base) return false;
   SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
   const uint32_t seg = w->pkt_len, dest = qp.dest_qpn & 0xffffff;
   // The slot's lines are the consumer's (it read them last time round):
   // all asked for at once, ahead of the writes, so that the stores do not
   // wait for them one by one.
-  for (size_t off = 0, fill = std::min<size_t>(size_t(most) * seg, cap); off < fill; off += 64)
-    __builtin_prefetch(base + off, 1);
+  prefetch_lines<true>(base, std::min<size_t>(size_t(most) * seg, cap));
   uint8_t *p = base;
   uint32_t psn = qp.tx_psn, k = 0, total = seg;
   do {
@@ -251,15 +248,7 @@ bool Engine::send_direct(Qp &qp) {
     wire::put_be32(p, w->bth0);
     wire::put_be32(p + 4, k << 24 | dest);
     wire::put_be32(p + 8, 0x80000000u | psn);
-    uint8_t *q = p + wire::kBthLen;
-    if (w->has_reth) {
-      wire::put_reth(q, w->wr.remote_va, w->wr.rkey, w->length);
-      q += wire::kRethLen;
-    }
-    if (w->has_imm) {
-      std::memcpy(q, &w->wr.imm_be, 4);
-      q += wire::kImmDtLen;
-    }
+    uint8_t *const q = put_ext(*w, w->has_reth, w->has_imm, p + wire::kBthLen);
     const uint32_t len = w->length;
     if (len) copy_small(q, w->wr.sge[0].addr, len);
     std::memset(q + len, 0, 4);           // pad,
@@ -269,12 +258,25 @@ bool Engine::send_direct(Qp &qp) {
     k++;
     if (++w == end) w = begin;
   } while (k < most && total == seg && w->small);   // (a shorter one ends the slot)
-  count(Counter::tx_packets, k);
-  count(Counter::tx_bytes, static_cast<uint64_t>(p - base));
-  nic_->tx_end(static_cast<size_t>(p - base), seg);
+  ring_slot_done(static_cast<size_t>(p - base), seg, k);
   sent_run(qp, k);
   if (!qp.ack_deadline) arm_retransmit(qp);
   return true;
+}
+
+// A slot of the ring of qp's peer to build packets in (net::Nic::tx_begin),
+// after what is built already (it leaves first); nullptr if there is none.
+uint8_t *Engine::ring_slot(const Qp &qp, size_t *cap) {
+  if (tx_nslots_) send_batch();
+  return nic_->tx_begin(qp.peer, qp.sport, cap);
+}
+
+// The ring slot holds len bytes, packets of seg bytes (the last may be
+// shorter), n of them: published (net::Nic::tx_end) and counted.
+void Engine::ring_slot_done(size_t len, size_t seg, uint32_t n) {
+  count(Counter::tx_packets, n);
+  count(Counter::tx_bytes, len);
+  nic_->tx_end(len, seg);
 }
 
 // sent() for k one-packet WQEs from tx_psn on.

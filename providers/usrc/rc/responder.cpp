@@ -26,17 +26,14 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // straight into a slot of it, after what is built already; false if there
 // is no slot.
 bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
-  if (tx_nslots_) send_batch();   // (in order: READ responses before their ACK)
   size_t cap = 0;
-  uint8_t *const p = nic_->tx_begin(qp.peer, qp.sport, &cap);
+  uint8_t *const p = ring_slot(qp, &cap);   // (behind what is built: READ responses before their ACK)
   if (!p) return false;
   constexpr size_t len = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
   wire::put_bth(p, static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE), false, 0, qp.dest_qpn, false, psn);
   wire::put_be32(p + wire::kBthLen, uint32_t(syndrome) << 24 | (qp.msn & 0xffffff));
   std::memset(p + wire::kBthLen + wire::kAethLen, 0, wire::kIcrcLen);   // (a peer on this host)
-  nic_->tx_end(len, len);
-  count(Counter::tx_packets);
-  count(Counter::tx_bytes, len);
+  ring_slot_done(len, len, 1);
   return true;
 }
 
@@ -52,8 +49,7 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
   tx_commit(qp, hl, 0, 0);
 }
 
-// (Inlined: on the receive short cut a call was a third of its cost.)
-[[gnu::always_inline]] inline void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
+void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
   const RecvWqe &r = qp.rq.front();
   if (qp.recv_cq)
@@ -127,7 +123,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if ((w1 & 0xffffff) != qpn || pkt.src != src || (w2 & 0xffffff) != epsn) break;
     const uint32_t len = body - pad;
     if (len > pmtu || len > r->length) break;
-    if (r->wr.num_sge == 1 && len <= 256) copy_small(r->wr.sge[0].addr, b + hl, len);   // (the common receive)
+    if (r->wr.num_sge == 1 && len <= kTxCopy) copy_small(r->wr.sge[0].addr, b + hl, len);   // (the common receive)
     else scatter(*r, 0, b + hl, len);
     c.wr_id = r->wr.wr_id;
     c.with_imm = imm;

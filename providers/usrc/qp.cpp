@@ -295,12 +295,45 @@ static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge
   return true;
 }
 
+// A lone small SEND (ib_send_bw's, an MPI eager message's): one WR of one
+// SGE or of inline data that the QP builds in place (rc::Engine::
+// small_ready), checked for that case only and written straight into its
+// send queue slot. False if it is not that case or fails a check: nothing
+// is done then, and the general path posts it or says why not.
+static inline bool post_small_send(Qp *qp, const ibv_send_wr *wr) {
+  constexpr unsigned kFlags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE;
+  if (!wr || wr->next || wr->num_sge != 1 || (wr->send_flags & ~kFlags) ||
+      (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM))
+    return false;
+  const ibv_sge &sg = wr->sg_list[0];
+  rc::Engine &e = qp->ctx->engine();
+  rc::Qp &t = *qp->t;
+  if (!t.send_room() || !e.small_ready(t, sg.length)) return false;   // (inline: small_ready's limit is within kMaxInline)
+  auto *addr = reinterpret_cast<uint8_t *>(sg.addr);
+  if (!(wr->send_flags & IBV_SEND_INLINE) && sg.length) {
+    const Mr *mr = qp->ctx->find_mr(sg.lkey);
+    if (!mr || mr->pd != to_pd(qp->vqp.qp.pd) || !(addr = mr->map(sg.addr, sg.length))) return false;
+  }
+  rc::SendWqe &w = t.sq.back();
+  w.wr.wr_id = wr->wr_id;
+  w.wr.opcode = static_cast<rc::WrOpcode>(wr->opcode);
+  w.wr.flags = wr->send_flags;   // (the same bits: see the static_asserts)
+  w.wr.imm_be = wr->imm_data;
+  w.wr.num_sge = 1;
+  w.wr.sge[0] = {addr, sg.length};
+  e.post_small(t, w, sg.length);
+  return true;
+}
+
+static_assert(unsigned(rc::kSignaled) == IBV_SEND_SIGNALED && unsigned(rc::kSolicited) == IBV_SEND_SOLICITED &&
+              unsigned(rc::kInline) == IBV_SEND_INLINE && unsigned(rc::kFence) == IBV_SEND_FENCE);
+
 int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Qp *qp = to_qp(ibqp);
-  int err;
+  int err = 0;
   {
     std::lock_guard g(qp->ctx->engine().mu);
-    err = post_send_locked(qp, wr, bad);
+    if (!post_small_send(qp, wr)) err = post_send_locked(qp, wr, bad);
   }
   qp->ctx->kick();
   return err;

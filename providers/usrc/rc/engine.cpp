@@ -202,9 +202,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   const SendWr &wr = w.wr;
   // Built in place with what is still unsent, if that is all small
   // messages posted the same way.
-  if (qp.in_place && small_wr(qp, wr, len) &&
-      (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0)))
-    return post_small(qp, w, static_cast<uint32_t>(len));
+  if (small_ready(qp, len) && small_wr(qp, wr, len)) return post_small(qp, w, static_cast<uint32_t>(len));
   // At most one clock read for the times this post takes (a round-trip
   // sample's start, the retransmission timer), and only if it takes one.
   Pass pass(*this, 0);

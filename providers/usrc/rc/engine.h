@@ -17,6 +17,7 @@
 #include "usrc/device.h"
 #include "usrc/net/nic.h"
 #include "usrc/rc/packet_view.h"
+#include "usrc/rc/psn.h"
 #include "usrc/rc/qp.h"
 
 namespace usrc::rc {
@@ -70,6 +71,18 @@ class Engine {
   // caller has filled it with a WR that passed post_send's checks, the post.
   SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.back().wr : nullptr; }
   void post_slot(Qp &qp, uint64_t len);
+  // The small message's way (post_small): whether a WQE of len bytes
+  // posted now is built in place, behind what is still unsent, as far as
+  // the QP decides it (in place, RTS, no RNR wait, no pacing, a size of one
+  // packet of at most kTxCopy bytes); small_wr() adds the WR's part. The
+  // glue's short cut for a lone small SEND (post_small_send in qp.cpp)
+  // fills the slot itself and calls post_small() when this holds.
+  bool small_ready(const Qp &qp, uint64_t len) const {
+    return qp.in_place && len <= kTxCopy && len <= qp.pmtu && qp.state == QpState::rts &&
+           !qp.rnr_deadline && !qp.rate_bps &&
+           (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0));
+  }
+  void post_small(Qp &qp, SendWqe &w, uint32_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot; the QP must not be in RESET.
   RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
@@ -107,7 +120,6 @@ class Engine {
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);
   bool small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const;
-  void post_small(Qp &qp, SendWqe &w, uint32_t len);
   bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void sent_run(Qp &qp, uint32_t k);
@@ -210,6 +222,7 @@ class Engine {
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;
+  static_assert(kTxCopy <= kMaxInline, "small_ready() admits inline data without its own check");
   // Received packets prefetched ahead of the one being handled.
   static constexpr size_t kRxAhead = 2;
   struct TxSlot {

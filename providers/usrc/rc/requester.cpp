@@ -129,15 +129,11 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
   return true;
 }
 
-// Whether a WR of len bytes, just written into the send queue's next slot,
-// can take post_small(): a SEND or an RDMA WRITE (with or without
-// immediate data) of at most one buffer of at most kTxCopy bytes that fits
-// one packet, no fence, no direct placement to try, on a QP in RTS with no
-// RNR wait and no pacing. (post_slot() adds what must be sent before it.)
+// The WR's part of whether it can take post_small() (small_ready() is the
+// QP's): a SEND or an RDMA WRITE (with or without immediate data) of at
+// most one buffer, no fence, no direct placement to try.
 bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
-  if (len > kTxCopy || len > qp.pmtu || wr.num_sge > 1 || is_rd_atomic(wr.opcode) ||
-      (wr.flags & kFence) || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps)
-    return false;
+  if (wr.num_sge > 1 || is_rd_atomic(wr.opcode) || (wr.flags & kFence)) return false;
   // (A WRITE that place() may put in the peer's memory: the general path.
   // It places only for an application that polled since its last post.)
   return wr.opcode != WrOpcode::rdma_write || !qp.local_path || len > tun_.direct_write ||

@@ -24,7 +24,7 @@ namespace usrc::net {
 namespace {
 
 constexpr uint64_t kMagic = 0x31676e6972637375ull;   // "usrcring1"-ish, little-endian
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr uint64_t kMask = ShmNic::kSlots - 1;
 static_assert((ShmNic::kSlots & kMask) == 0, "a power of two");
 // The doorbell: a UDP datagram too short to be an IBA packet.
@@ -44,7 +44,7 @@ uint64_t coarse_ns() {
 // lines they move between the cores, then cost once per slot. `seq` is stored less the slot's index, so that the zero
 // pages of a fresh ring are its initial state (slot i free for position i)
 // and creating a ring touches none of them.
-struct ShmSlot {
+struct alignas(64) ShmSlot {
   std::atomic<uint64_t> seq;
   // The producer that claimed it last (0: none yet). Left as it is when
   // the slot is freed, and stored by a claim only if it differs: the
@@ -54,8 +54,11 @@ struct ShmSlot {
   uint32_t src_ip;
   uint16_t src_port;
   uint16_t seg;   // 0: one datagram; else datagrams of seg bytes (the last may be shorter)
-  alignas(64) uint8_t data[ShmNic::kSlotData];
+  // Right behind the header, in its cache line: a datagram of up to 40
+  // bytes (an ACK, a SEND of a few bytes) is one line to move, not two.
+  uint8_t data[ShmNic::kSlotData];
 };
+static_assert(offsetof(ShmSlot, data) == 24 && sizeof(ShmSlot) % 64 == 0);
 
 // Direct placement: what the owner lets peers write into (Nic::expose,
 // Nic::set_gate), looked up by key and tag modulo the table size (a key

@@ -305,23 +305,19 @@ static inline bool post_small_send(Qp *qp, const ibv_send_wr *wr) {
   if (!wr || wr->next || wr->num_sge != 1 || (wr->send_flags & ~kFlags) ||
       (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM))
     return false;
-  const ibv_sge &sg = wr->sg_list[0];
+  const uint32_t len = wr->sg_list[0].length;
   rc::Engine &e = qp->ctx->engine();
   rc::Qp &t = *qp->t;
-  if (!t.send_room() || !e.small_ready(t, sg.length)) return false;   // (inline: small_ready's limit is within kMaxInline)
-  auto *addr = reinterpret_cast<uint8_t *>(sg.addr);
-  if (!(wr->send_flags & IBV_SEND_INLINE) && sg.length) {
-    const Mr *mr = qp->ctx->find_mr(sg.lkey);
-    if (!mr || mr->pd != to_pd(qp->vqp.qp.pd) || !(addr = mr->map(sg.addr, sg.length))) return false;
-  }
+  if (!t.send_room() || !e.small_ready(t, len)) return false;   // (inline: small_ready's limit is within kMaxInline)
   rc::SendWqe &w = t.sq.back();
+  if (wr->send_flags & IBV_SEND_INLINE) w.wr.sge[0] = {reinterpret_cast<uint8_t *>(wr->sg_list[0].addr), len};
+  else if (!map_sges(*qp->ctx, to_pd(qp->vqp.qp.pd), wr->sg_list, 1, w.wr.sge, false)) return false;
   w.wr.wr_id = wr->wr_id;
   w.wr.opcode = static_cast<rc::WrOpcode>(wr->opcode);
   w.wr.flags = wr->send_flags;   // (the same bits: see the static_asserts)
   w.wr.imm_be = wr->imm_data;
   w.wr.num_sge = 1;
-  w.wr.sge[0] = {addr, sg.length};
-  e.post_small(t, w, sg.length);
+  e.post_small(t, w, len);
   return true;
 }
 

@@ -568,8 +568,7 @@ bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size
 // engine lock) wait for them one by one.
 void ShmNic::prefetch_next(ShmRing &r, uint64_t pos, size_t len) {
   ShmSlot &next = r.slots[(pos + 1) & kMask];
-  __builtin_prefetch(&next, 1);
-  prefetch_lines<true>(next.data, std::min<size_t>(len, 2048));
+  prefetch_lines<true>(&next, std::min<size_t>(len + offsetof(ShmSlot, data), 2048));
 }
 
 uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
@@ -685,6 +684,9 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     }
     stuck_since_ = stuck_polls_ = 0;
     const uint32_t len = s.len, seg = s.seg;
+    // The header line is ours to write next (the free): asked for now, so
+    // that the store does not wait for the producer's core then.
+    prefetch_lines<true>(&s, 1);
     if (len > kSlotData) {   // not from one of us: handed out empty (malformed_drops)
       head++;
       out[k++] = {{s.src_ip, s.src_port}, s.data, 0, true};

@@ -382,6 +382,75 @@ TEST_CASE("local checks: bad lkey, MR of another PD, range", "[verbs]") {
   ibv_dereg_mr(m);
 }
 
+// A lone receive of one SGE takes a short cut; every case it does not
+// cover must still get the general path's answer.
+TEST_CASE("a lone receive of one buffer: errors as for any receive", "[verbs]") {
+  Dev d;
+  std::vector<uint8_t> buf(4096);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), 1024, IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(m);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  SECTION("RESET QP: EINVAL, bad_wr set") {
+    Qp a(d);
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 1;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    CHECK(ibv_post_recv(a.qp, &wr, &bad) == EINVAL);
+    CHECK(bad == &wr);
+  }
+  SECTION("full receive queue: ENOMEM, bad_wr set, nothing lost") {
+    Qp a(d, 4);
+    REQUIRE(to_init(a.qp, 0) == 0);
+    ibv_qp_attr qa{};
+    ibv_qp_init_attr qi{};
+    REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0);
+    const uint32_t cap = qa.cap.max_recv_wr;
+    for (uint32_t i = 0; i < cap; i++) REQUIRE(post_recv(a.qp, i, &s, 1) == 0);
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = 99;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    CHECK(ibv_post_recv(a.qp, &wr, &bad) == ENOMEM);
+    CHECK(bad == &wr);
+    // Moved to ERR, every posted receive completes flushed, in order.
+    ibv_qp_attr e{};
+    e.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(a.qp, &e, IBV_QP_STATE) == 0);
+    auto wc = poll(a.cq, cap, 2);
+    REQUIRE(wc.size() == cap);
+    for (uint32_t i = 0; i < cap; i++) {
+      CHECK(wc[i].wr_id == i);
+      CHECK(wc[i].status == IBV_WC_WR_FLUSH_ERR);
+    }
+  }
+  SECTION("unknown lkey, outside the MR: completes with LOC_PROT_ERR") {
+    Qp a(d), b(d);
+    connect_pair(d, a, b);
+    ibv_sge bad_key{uintptr_t(buf.data()), 64, m->lkey + 777};
+    ibv_sge outside{uintptr_t(buf.data()) + 1000, 64, m->lkey};
+    REQUIRE(post_recv(a.qp, 1, &bad_key, 1) == 0);
+    REQUIRE(post_recv(a.qp, 2, &outside, 1) == 0);
+    auto wc = poll(a.cq, 2, 2);
+    REQUIRE(wc.size() >= 1);
+    CHECK(wc[0].wr_id == 1);
+    CHECK(wc[0].status == IBV_WC_LOC_PROT_ERR);
+  }
+  SECTION("QP in ERR: the receive completes flushed") {
+    Qp a(d);
+    REQUIRE(to_init(a.qp, 0) == 0);
+    ibv_qp_attr e{};
+    e.qp_state = IBV_QPS_ERR;
+    REQUIRE(ibv_modify_qp(a.qp, &e, IBV_QP_STATE) == 0);
+    REQUIRE(post_recv(a.qp, 5, &s, 1) == 0);
+    auto wc = poll(a.cq, 1, 2);
+    REQUIRE(wc.size() == 1);
+    CHECK(wc[0].wr_id == 5);
+    CHECK(wc[0].status == IBV_WC_WR_FLUSH_ERR);
+  }
+  ibv_dereg_mr(m);
+}
+
 TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   Dev d;
   Qp a(d);

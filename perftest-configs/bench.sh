@@ -58,6 +58,11 @@ echo "bench: output in $OUT; load average: $(cut -d' ' -f1-3 /proc/loadavg) on $
 
 port=$((10000 + RANDOM % 15000))
 cpu() { awk '{ printf "%.3f", $1 + $2 }' "$1" 2>/dev/null; }   # user+sys from /usr/bin/time
+# The time one cache line takes from one core to another and back (udpblast
+# -L): usrc's shared-memory ring moves lines between the cores, so its small
+# message rate follows this figure, which drifts with the machine; measured
+# just before usrc's 64 B runs and before the blast's, and printed with them.
+line_rt() { "$UDPBLAST" -L -t 0.5 2>/dev/null | sed -n 's/.*round_trip_ns=\([0-9.NaN]*\).*/\1/p' | grep . || echo NaN; }
 best() { awk -v a="$1" -v b="$2" 'BEGIN { print (a == "NaN" || b + 0 > a + 0) ? b : a }'; }
 # pair NAME CMD... : server and client of a TCP-rendezvous program; logs in
 # $LOG/NAME.{srv,cli}, CPU seconds in $LOG/NAME.{srv,cli}.cpu. $PEER is the
@@ -103,6 +108,7 @@ done
 for t in ib_send_bw ib_write_bw ib_read_bw; do
   for s in $BW_SIZES; do
     reps=1; case $s in 64|65536) [ -z "$QUICK" ] && reps=3 ;; esac
+    [ "$t/$s" = ib_send_bw/64 ] && R[line/usrc]=$(line_rt)
     R[$t/$s]=NaN R[$t/$s/mpps]=NaN runs=
     for r in $(seq $reps); do
       tag=; [ $r -gt 1 ] && tag=-r$r
@@ -162,6 +168,7 @@ blast() {   # blast SIZE [-g [RUN]]: prints "Gbit/s Mpps bytes" as the receiver 
 # 64 Gbit/s at 64 KB on 2 cores), and a low one would flatter usrc. Every
 # run is in $LOG/blast-runs.
 for s in $BW_SIZES; do
+  [ $s = 64 ] && R[line/blast]=$(line_rt)
   set -- $(blast $s) ; R[udp/$s]=${1:-NaN} R[udp/$s/mpps]=${2:-NaN}
   reps=1; case $s in 64|65536) [ -z "$QUICK" ] && reps=3 ;; esac
   R[gso/$s]=NaN R[gso/$s/mpps]=NaN R[gso/$s/bytes]=0 runs=
@@ -292,6 +299,7 @@ row "ib_write_bw 64 KB vs UDP blast (Gbit/s)" "$(mibs ${R[ib_write_bw/$S]})" "$(
 row "ib_send_bw 64 KB vs UDP blast (Gbit/s)" "$(mibs ${R[ib_send_bw/$S]})" "$(best ${R[udp/$S]} ${R[gso/$S]})" ">=" 0.70
 row "ib_read_bw 64 KB vs UDP blast (Gbit/s)" "$(mibs ${R[ib_read_bw/$S]})" "$(best ${R[udp/$S]} ${R[gso/$S]})" ">=" 0.60
 row "ib_send_bw 64 B vs UDP blast (Mpps)" "${R[ib_send_bw/64/mpps]}" "$(best ${R[udp/64/mpps]} ${R[gso/64/mpps]})" ">=" 0.60
+row "  core-to-core cache line round trip (ns), then vs then" "${R[line/usrc]}" "${R[line/blast]}" info
 row "ping-pong 64 KB vs ofi_rxd (MB/s both ways)" "$(pp $S ${R[ib_send_lat/$S]})" "${R[ofi_rxd/$S/MBs]}" ">=" 3
 row "ib_send_lat 2 B vs ofi_rxd (us)" "${R[ib_send_lat/2]}" "${R[ofi_rxd/2]}" "<=" 0.5
 row "ib_send_lat 4 KB vs ofi_rxd (us)" "${R[ib_send_lat/4096]}" "${R[ofi_rxd/4096]}" "<=" 0.5

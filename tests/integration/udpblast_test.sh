@@ -1,6 +1,7 @@
 #!/bin/bash
 # udpblast on loopback for 1 s, with and without GSO/GRO: the receiver must
-# have seen data; then its busy-polled ping-pong must report round trips.
+# have seen data; then its busy-polled ping-pong must report round trips,
+# and -L a cache line's round trip between two CPUs (NaN on one CPU only).
 # Usage: udpblast_test.sh UDPBLAST
 set -u
 B=$1
@@ -28,4 +29,13 @@ echo "$out"
 echo "$out" | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
                    END { exit !(v["size"] == 64 && v["n"] >= 1000 && v["median_us"] > 0 && v["median_us"] < 10000) }' ||
   { echo "FAIL: ping-pong report"; exit 1; }
+out=$(timeout 20 "$B" -L -t 0.2) || { echo "FAIL: -L"; exit 1; }
+echo "$out"
+if [ "$(nproc)" -ge 2 ]; then
+  echo "$out" | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] } }
+                     END { exit !(v["round_trip_ns"] > 1 && v["round_trip_ns"] < 100000) }' ||
+    { echo "FAIL: -L report"; exit 1; }
+fi
+out=$(timeout 20 taskset -c 0 "$B" -L -t 0.2) || { echo "FAIL: -L on one CPU"; exit 1; }
+echo "$out" | grep -q "round_trip_ns=NaN" || { echo "FAIL: -L on one CPU: $out"; exit 1; }
 echo PASS

@@ -13,22 +13,35 @@
 // the echo and, after SECONDS, prints the median half round trip
 //   udpblast pingpong size=S n=N median_us=M min_us=M
 //
+// With -L, no sockets: the floor of a same-host transport that moves
+// cache lines between cores (usrc's shared-memory ring). Two threads on two
+// different CPUs pass one cache line back and forth for SECONDS; prints the
+// median of 20 batches' mean round trip
+//   udpblast line round_trip_ns=R cpus=A,B
+// (round_trip_ns=NaN with one CPU). It drifts with the machine (a virtual
+// machine's vCPUs move between host cores): the bench prints it next to
+// the message rate.
+//
 // Messages larger than one datagram (65507 bytes) are sent as 65507-byte
 // datagrams. The receiver stops 0.5 s after traffic stops (or after
 // SECONDS + 5 with no traffic at all) and prints
 //   udpblast rx bytes=B msgs=N secs=S gbps=G mpps=M
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifndef UDP_SEGMENT
@@ -212,27 +225,82 @@ int pingpong_client(const char *host, int port, size_t size, double secs) {
   return 0;
 }
 
+bool pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+int line_round_trip(double secs) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) die("sched_getaffinity");
+  int cpu[2] = {-1, -1};
+  for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+    if (CPU_ISSET(c, &allowed)) cpu[k++] = c;
+  if (cpu[1] < 0) {
+    printf("udpblast line round_trip_ns=NaN cpus=%d\n", cpu[0]);
+    return 0;
+  }
+  alignas(128) static std::atomic<uint64_t> line{0};
+  constexpr int kBatches = 20;
+  const uint64_t per_batch = std::max<uint64_t>(1000, uint64_t(secs * 1e9 / 200 / kBatches));
+  std::atomic<bool> pinned{true};
+  std::thread echo([&] {
+    if (!pin(cpu[1])) pinned = false;
+    for (uint64_t i = 0; i < kBatches * per_batch; i++) {
+      while (line.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      line.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  if (!pin(cpu[0])) pinned = false;
+  std::vector<double> ns;
+  for (int b = 0; b < kBatches; b++) {
+    const auto t0 = Clock::now();
+    for (uint64_t j = 0; j < per_batch; j++) {
+      const uint64_t i = uint64_t(b) * per_batch + j;
+      line.store(2 * i + 1, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / double(per_batch));
+  }
+  echo.join();
+  if (!pinned) {
+    fprintf(stderr, "udpblast: could not pin the threads to CPUs %d and %d\n", cpu[0], cpu[1]);
+    return 2;
+  }
+  std::sort(ns.begin(), ns.end());
+  printf("udpblast line round_trip_ns=%.1f cpus=%d,%d\n", ns[kBatches / 2], cpu[0], cpu[1]);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   const char *host = nullptr;
-  bool server = false, gso = false, pingpong = false;
+  bool server = false, gso = false, pingpong = false, line = false;
   int port = 19999;
   size_t size = 65536;
   double secs = 2;
   int o;
-  while ((o = getopt(argc, argv, "sc:p:m:gPt:")) != -1) switch (o) {
+  while ((o = getopt(argc, argv, "sc:p:m:gPLt:")) != -1) switch (o) {
       case 's': server = true; break;
       case 'c': host = optarg; break;
       case 'p': port = atoi(optarg); break;
       case 'm': size = strtoull(optarg, nullptr, 0); break;
       case 'g': gso = true; break;
       case 'P': pingpong = true; break;
+      case 'L': line = true; break;
       case 't': secs = atof(optarg); break;
       default:
-        fprintf(stderr, "usage: udpblast -s [-p PORT] [-g|-P] [-t S] | -c HOST [-p PORT] [-m SIZE] [-g|-P] [-t S]\n");
+        fprintf(stderr,
+                "usage: udpblast -s [-p PORT] [-g|-P] [-t S] | -c HOST [-p PORT] [-m SIZE] [-g|-P] [-t S]"
+                " | -L [-t S]\n");
         return 1;
     }
+  if (line) return line_round_trip(secs);
   if (server == (host != nullptr) || size == 0) {
     fprintf(stderr, "udpblast: give exactly one of -s or -c HOST, and a size > 0\n");
     return 1;

@@ -278,17 +278,23 @@ int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
 // names an MR of the QP's PD that covers the range, with local write access
 // where data will be written. Fills the transport's SGEs.
 // *total: the bytes they add up to.
-static bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge *out,
-                     bool write, uint64_t *total = nullptr) {
+// One SGE's memory: its MR (by lkey, of this PD, with local write access
+// if write), the range within it; nullptr if any of that fails.
+static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool write) {
+  const Mr *mr = c.find_mr(in.lkey);
+  if (!mr || mr->pd != pd) return nullptr;
+  if (write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return nullptr;
+  return mr->map(in.addr, in.length);
+}
+
+[[gnu::always_inline]] static inline bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge *out,
+                                             bool write, uint64_t *total = nullptr) {
   uint64_t sum = 0;
   for (int i = 0; i < n; i++) {
     out[i] = {reinterpret_cast<uint8_t *>(in[i].addr), in[i].length};
     sum += in[i].length;
     if (in[i].length == 0) continue;
-    Mr *mr = c.find_mr(in[i].lkey);
-    if (!mr || mr->pd != pd) return false;
-    if (write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
-    out[i].addr = mr->map(in[i].addr, in[i].length);
+    out[i].addr = map_sge(c, pd, in[i], write);
     if (!out[i].addr) return false;
   }
   if (total) *total = sum;
@@ -450,9 +456,8 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   return err;
 }
 
-// A lone receive of one SGE into plain registered memory (every receive
-// of a stream's far end): checked for that case only and written straight
-// into its slot. Anything else, and any check that fails, goes the general
+// A lone receive of one SGE (every receive of a stream's far end):
+// checked for that case only (map_sge) and written straight into its slot. Anything else, and any check that fails, goes the general
 // way, which says why.
 int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Qp *qp = to_qp(ibqp);
@@ -464,10 +469,8 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   bool done = false;
   {
     std::lock_guard g(e.mu);   // (the MR table's lock too)
-    const Mr *mr = c.find_mr(sge.lkey);
-    if (mr && mr->pd == to_pd(ibqp->pd) && (mr->access & IBV_ACCESS_LOCAL_WRITE) && !mr->odp &&
-        !t.rq.full() && t.state != rc::QpState::reset && t.state != rc::QpState::err) {
-      if (uint8_t *addr = mr->map(sge.addr, sge.length)) {
+    if (!t.rq.full() && t.state != rc::QpState::reset && t.state != rc::QpState::err) {
+      if (uint8_t *addr = map_sge(c, to_pd(ibqp->pd), sge, true)) {
         rc::RecvWqe &r = t.rq.back();
         r.wr.wr_id = wr->wr_id;
         r.wr.num_sge = 1;

@@ -164,11 +164,16 @@ bool remote_error(ibv_wc_status got, ibv_wc_status want) {
   return got == want || (getenv("USRC_TEST_LOSSY") && got == IBV_WC_RETRY_EXC_ERR);
 }
 
-int post_recv(ibv_qp *qp, uint64_t id, ibv_sge *sge, int nsge) {
-  ibv_recv_wr wr{}, *bad;
+ibv_recv_wr recv_wr(uint64_t id, ibv_sge *sge, int nsge) {
+  ibv_recv_wr wr{};
   wr.wr_id = id;
   wr.sg_list = sge;
   wr.num_sge = nsge;
+  return wr;
+}
+
+int post_recv(ibv_qp *qp, uint64_t id, ibv_sge *sge, int nsge) {
+  ibv_recv_wr wr = recv_wr(id, sge, nsge), *bad;
   return ibv_post_recv(qp, &wr, &bad);
 }
 
@@ -392,10 +397,7 @@ TEST_CASE("a lone receive of one buffer: errors as for any receive", "[verbs]") 
   ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
   SECTION("RESET QP: EINVAL, bad_wr set") {
     Qp a(d);
-    ibv_recv_wr wr{}, *bad = nullptr;
-    wr.wr_id = 1;
-    wr.sg_list = &s;
-    wr.num_sge = 1;
+    ibv_recv_wr wr = recv_wr(1, &s, 1), *bad = nullptr;
     CHECK(ibv_post_recv(a.qp, &wr, &bad) == EINVAL);
     CHECK(bad == &wr);
   }
@@ -407,10 +409,7 @@ TEST_CASE("a lone receive of one buffer: errors as for any receive", "[verbs]") 
     REQUIRE(ibv_query_qp(a.qp, &qa, IBV_QP_CAP, &qi) == 0);
     const uint32_t cap = qa.cap.max_recv_wr;
     for (uint32_t i = 0; i < cap; i++) REQUIRE(post_recv(a.qp, i, &s, 1) == 0);
-    ibv_recv_wr wr{}, *bad = nullptr;
-    wr.wr_id = 99;
-    wr.sg_list = &s;
-    wr.num_sge = 1;
+    ibv_recv_wr wr = recv_wr(99, &s, 1), *bad = nullptr;
     CHECK(ibv_post_recv(a.qp, &wr, &bad) == ENOMEM);
     CHECK(bad == &wr);
     // Moved to ERR, every posted receive completes flushed, in order.

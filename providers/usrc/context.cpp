@@ -352,24 +352,30 @@ void Context::kick() {
 }
 
 void Context::found_completions() {
-  if (engine_->placed_since_pass.load(std::memory_order_relaxed)) return try_progress();
+  if (engine_->placed_since_pass.load(std::memory_order_relaxed)) {
+    try_progress();
+    return;
+  }
   app_polled_.store(now_ns(), std::memory_order_relaxed);
 }
 
-void Context::try_progress() {
+uint32_t Context::try_progress(const rc::Engine::DirectWc *direct) {
   const uint64_t now = now_ns();
   // (A load and a store, not an exchange: several threads polling may
   // lose one another's time, which only needs to be recent.)
   const uint64_t prev = app_polled_.load(std::memory_order_relaxed);
   app_polled_.store(now, std::memory_order_relaxed);
-  if (!engine_->mu.try_lock()) return;
+  if (!engine_->mu.try_lock()) return 0;
   // ACKs may wait for the application's next call only while it polls in a
   // loop: the progress thread then looks in within USRC_APP_QUIET_US and
   // sends them should the application stop. After a quiet spell that
   // thread may be asleep on the socket with no timeout: send at once.
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
+  if (direct) engine_->direct = *direct;
   engine_->progress(looping, now);
+  const uint32_t n = engine_->direct.n;
+  engine_->direct = {};
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();
   engine_->mu.unlock();
@@ -380,6 +386,7 @@ void Context::try_progress() {
     (void)!write(wake_fd_, &one, sizeof one);
   }
   kick();
+  return n;
 }
 
 void Context::async_event(void *element, ibv_event_type type) {

@@ -119,7 +119,9 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // the one it sleeps for. Call after releasing engine().mu.
   void kick();
   // Progress from the caller's thread if nobody else is at it (poll_cq).
-  void try_progress();
+  // direct: a poller's array the pass may write receive completions into
+  // (rc::Engine::DirectWc); returns how many it wrote there.
+  uint32_t try_progress(const rc::Engine::DirectWc *direct = nullptr);
   // The application polled a CQ without a completion channel and found
   // completions. Such a CQ is only ever polled: the caller polls in a loop
   // even if it never finds the CQ empty (the progress thread may have

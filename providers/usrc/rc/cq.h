@@ -63,6 +63,10 @@ class Cq {
   size_t poll(Completion *out, size_t max) {
     return poll_each(max, [&](const Completion &c) { *out++ = c; });
   }
+  // Nothing waits in the ring and no arm is set (under the engine lock): a
+  // completion made now may skip the ring for a poller's array
+  // (Engine::DirectWc) without passing an older one or an event.
+  bool idle() const { return arm_ == Arm::none && empty(); }
   bool empty() const {
     return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
   }

@@ -102,6 +102,15 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
   Cq *const cq = qp->recv_cq;
   Completion c{0, WcStatus::success, WcOpcode::recv, false, false, 0, 0, qp->qpn, qp->dest_qpn, qp->dlid, stamp()};
+  // Straight into a poller's array while it has room (see DirectWc), then
+  // into the ring.
+  Wc *out = nullptr, *out_end = nullptr;
+  if (cq && direct.cq == cq && direct.n < direct.room && cq->idle()) {
+    out = direct.wc + direct.n;
+    out_end = direct.wc + direct.room;
+  }
+  const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->dest_qpn,
+               0, 0, qp->dlid, 0, 0};
   const net::Endpoint src = pkts[0].src;
   size_t k = 0;
   for (; k < n && k < posted; k++) {   // (none posted: the general path sends the RNR NAK)
@@ -125,13 +134,23 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if (len > pmtu || len > r->length) break;
     if (r->wr.num_sge == 1 && len <= kTxCopy) copy_small(r->wr.sge[0].addr, b + hl, len);   // (the common receive)
     else scatter(*r, 0, b + hl, len);
-    c.wr_id = r->wr.wr_id;
-    c.with_imm = imm;
-    c.solicited = w0 & 0x800000;
-    c.byte_len = len;
-    c.imm_be = 0;
-    if (imm) std::memcpy(&c.imm_be, b + wire::kBthLen, 4);
-    if (cq) cq->push(c);
+    uint32_t imm_be = 0;
+    if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
+    if (out != out_end) {
+      Wc &w = *out++;
+      w = wc0;
+      w.wr_id = r->wr.wr_id;
+      w.byte_len = len;
+      w.imm_be = imm_be;
+      w.wc_flags = imm ? kWcWithImm : 0;
+    } else if (cq) {
+      c.wr_id = r->wr.wr_id;
+      c.with_imm = imm;
+      c.solicited = w0 & 0x800000;
+      c.byte_len = len;
+      c.imm_be = imm_be;
+      cq->push(c);
+    }
     epsn = psn_add(epsn, 1);
     bytes += pkt.len;
     ack |= (w2 & 0x80000000u) != 0;
@@ -139,6 +158,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if (++r == rq_end) r = rq_begin;
   }
   qp->rq.pop(static_cast<uint32_t>(k));
+  if (out) direct.n = static_cast<uint32_t>(out - direct.wc);
   if (!k) return 0;
   count(Counter::rx_packets, k);
   count(Counter::rx_bytes, bytes);

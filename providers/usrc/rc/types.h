@@ -114,4 +114,24 @@ struct Completion {
   uint64_t timestamp_ns;
 };
 
+// A work completion laid out as libibverbs' struct ibv_wc (its ABI, which
+// the verbs glue checks field by field): what the transport writes
+// straight into a poller's array (Engine::DirectWc) instead of a CQ ring.
+struct Wc {
+  uint64_t wr_id;
+  uint32_t status;       // WcStatus
+  uint32_t opcode;       // WcOpcode
+  uint32_t vendor_err;
+  uint32_t byte_len;
+  uint32_t imm_be;       // network byte order
+  uint32_t qp_num;
+  uint32_t src_qp;
+  uint32_t wc_flags;     // kWcWithImm
+  uint16_t pkey_index;
+  uint16_t slid;
+  uint8_t sl;
+  uint8_t dlid_path_bits;
+};
+constexpr uint32_t kWcWithImm = 1u << 1;   // = IBV_WC_WITH_IMM
+
 }  // namespace usrc::rc

@@ -33,14 +33,14 @@ capture_stop() {   # sets IBA (packets captured, doorbells aside) and DOORBELLS 
   DOORBELLS=$(tshark -r "$CAP" -Y "udp.length == 12" 2>/dev/null | wc -l)
   IBA=$(tshark -r "$CAP" -Y "udp.length > 12" 2>/dev/null | wc -l)
 }
-pingpong() {   # pingpong ITERS [env...]: both ends on sh0, checks the rings meanwhile
+pingpong() {   # pingpong ITERS [env...]: both ends on sh0 (with $PP_ARGS), checks the rings meanwhile
   local n=$1; shift
   local port; port=$(pick_port)
-  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 -p $port >"$CAP.srv" 2>&1 &
+  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 ${PP_ARGS:-} -p $port >"$CAP.srv" 2>&1 &
   spid=$!
   wait_listen "" $port || { cat "$CAP.srv"; fail "server did not listen"; }
   RINGS_DURING=$(rings)
-  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 -p $port 127.0.0.1 >"$CAP.cli" 2>&1 ||
+  env "$@" timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -n $n -s 64 ${PP_ARGS:-} -p $port 127.0.0.1 >"$CAP.cli" 2>&1 ||
     { cat "$CAP.srv" "$CAP.cli"; fail "pingpong ($*)"; }
   wait $spid || { cat "$CAP.srv"; fail "pingpong server ($*)"; }
   spid=
@@ -62,6 +62,24 @@ capture_stop; on_lo=$IBA
 note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DURING"
 [ "$RINGS_DURING" = 0 ] || fail "USRC_SHM=0 should create no ring"
 [ "$on_lo" -ge $((2 * N)) ] || fail "USRC_SHM=0: only $on_lo packets on lo for $N round trips"
+
+# Both ends waiting on completion events (-e): each side's progress thread
+# sleeps between messages (no busy polling) and the other rings it awake
+# (a doorbell per message). A doorbell missed would leave the message in
+# the ring until the sender's retransmission timer (2 ms at least) resent
+# it, and never ringing at all fails the run. A wake-up that a loaded
+# virtual CPU delays past that timer resends too, now and then: a few
+# are allowed.
+counter() { "$USRC" stats sh0 | grep -o "$1 [0-9]*" | awk '{print $2}'; }
+resent=$(counter retransmits)
+capture_start "$FILTER"
+PP_ARGS=-e pingpong 500 USRC_BUSY_POLL_US=0
+capture_stop
+resent=$(( $(counter retransmits) - resent ))
+note "events (-e): $DOORBELLS doorbells, $IBA IBA packets on lo, $resent resent for 500 round trips"
+[ "$DOORBELLS" -gt 0 ] || fail "-e: no doorbell rung: the sleeping path was not taken"
+[ "$IBA" = 0 ] || fail "-e: $IBA IBA packets on lo: the ring was not used for all"
+[ "$resent" -le 10 ] || fail "-e: $resent packets resent in 500 round trips: sleeping consumers missed slots"
 
 # Small RDMA WRITEs go straight into the peer's memory (direct placement):
 # stock ib_write_lat's WRITEs are counted as direct_writes, all of both

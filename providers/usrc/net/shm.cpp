@@ -513,7 +513,9 @@ ShmSlot *ShmNic::claim(ShmRing &r, uint64_t *pos_out) {
     ShmSlot *s = &r.slots[idx];
     const auto d = static_cast<int64_t>(seq_of(*s, idx) - pos);
     if (d == 0) {
-      if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+      // (Sequentially consistent: ring_if_asleep's look at `sleeping`
+      // after it is what keeps a sleeping consumer from missing the slot.)
+      if (r.tail.compare_exchange_weak(pos, pos + 1, std::memory_order_seq_cst, std::memory_order_relaxed)) {
         if (s->pid.load(std::memory_order_relaxed) != pid_) s->pid.store(pid_, std::memory_order_relaxed);
         *pos_out = pos;
         return s;
@@ -590,14 +592,18 @@ void ShmNic::tx_end(size_t len, size_t seg) {
 }
 
 // After a run of datagrams published to r: a consumer about to sleep
-// raised `sleeping` before looking at its ring a last time, and we look at
-// the flag after publishing; one of the two sees the other (both sides
-// fence). The flag stays up until the consumer wakes: a doorbell lost (a
-// full socket buffer) is rung again by the next send, a retransmission at
-// the latest.
+// raises `sleeping`, fences, and looks at the ring's tail a last time; we
+// claimed our slots from that tail (claim()) before we look at the flag.
+// The claim and this look are sequentially consistent and the consumer's
+// fence is too, so one of the two sees the other: the consumer the claim
+// (it stays awake until the slot is published), or we the flag. No fence
+// of our own (on x86 the claim's locked compare-and-swap orders it; a
+// fence here waited for every line of the slot to reach the other core,
+// once per slot). The flag stays up until the consumer wakes: a doorbell
+// lost (a full socket buffer) is rung again by the next send, a
+// retransmission at the latest.
 void ShmNic::ring_if_asleep(ShmRing &r, Endpoint dst) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (!r.sleeping.load(std::memory_order_relaxed)) return;
+  if (!r.sleeping.load(std::memory_order_seq_cst)) return;
   iovec iov{const_cast<uint8_t *>(kDoorbell), sizeof kDoorbell};
   TxPacket t{dst, &iov, 1};
   inner_->send({&t, 1});
@@ -736,7 +742,7 @@ bool ShmNic::rx_pending() const {
 
 bool ShmNic::prepare_wait() {
   own_->sleeping.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);   // (see ring_if_asleep)
   const uint64_t head = head_.load(std::memory_order_relaxed);
   // Sleep only on an empty ring: nothing claimed since the last datagram
   // taken. A slot claimed and not yet published keeps us awake: its writer

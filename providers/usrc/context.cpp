@@ -259,6 +259,17 @@ void Context::progress_loop() {
   // packets cost a wake-up and a core each) and looks again only when the
   // application has been quiet for kAppQuietNs.
   const uint64_t kAppQuietNs = uint64_t(Tunables::get().app_quiet_us) * 1000;
+  // Looks found the application still polling, in a row: each one doubles
+  // the time to the next (up to kMaxBackoff doublings). Every look wakes
+  // this thread, and on a machine whose cores all poll it takes a core
+  // from one of them: a thousand looks a second cost a small-message
+  // stream about a sixth of its rate on two cores. The price is the first
+  // look after a long stretch of polling coming later (16 ms at the
+  // default USRC_APP_QUIET_US): an application that then stops polling
+  // has its packets taken, held ACKs sent and timers run that much later,
+  // once.
+  constexpr uint32_t kMaxBackoff = 4;
+  uint32_t looks_active = 0;
   while (!stop_) {
     uint64_t now = now_ns(), deadline;
     // (app_polled_ may be later than now: the application polls all along.)
@@ -270,9 +281,11 @@ void Context::progress_loop() {
       // (and both threads a core): look again when it may have gone quiet.
       // Until then kick() need not wake us for a timer: the application
       // runs it.
-      deadline = busy_until;
+      deadline = std::max(busy_until, now + (kAppQuietNs << std::min(looks_active, kMaxBackoff)));
+      looks_active++;
       sleep_until_.store(0, std::memory_order_release);
     } else {
+      looks_active = 0;
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       now = now_ns();

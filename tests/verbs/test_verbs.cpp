@@ -15,6 +15,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 namespace {
@@ -594,6 +597,96 @@ TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   CHECK(ibv_dealloc_pd(d.pd) == EBUSY);   // the QP uses it
   ibv_port_attr pa;
   CHECK(ibv_query_port(d.ctx, 2, &pa) == EINVAL);
+}
+
+// Voluntary context switches of this process's threads other than the
+// caller (the provider's progress thread among them): each is a wake-up.
+static uint64_t other_threads_wakeups() {
+  uint64_t n = 0;
+  const std::string self = std::to_string(gettid());
+  for (const auto &t : std::filesystem::directory_iterator("/proc/self/task")) {
+    if (t.path().filename() == self) continue;
+    std::ifstream f(t.path() / "status");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) n += std::stoull(line.substr(24));
+  }
+  return n;
+}
+
+// While the application polls, the progress thread stays out and only
+// looks now and then whether it stopped; the looks back off while it keeps
+// polling (each one wakes a thread, which on a machine whose cores all
+// poll takes a core from the application). Once the application stops,
+// the progress thread still takes over within a bounded time.
+TEST_CASE("a polling application: the progress thread looks in rarely, and takes over once it stops", "[verbs]") {
+  Dev d;
+  ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
+  REQUIRE(ch);
+  ibv_cq *acq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
+  REQUIRE(acq);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = acq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {4, 4, 1, 1, 0};
+  ibv_qp *aqp = ibv_create_qp(d.pd, &ia);
+  REQUIRE(aqp);
+  Qp b(d);
+  Params p;
+  REQUIRE(to_init(aqp, 0) == 0);
+  REQUIRE(to_rtr(d, aqp, b.qp->qp_num, p) == 0);
+  REQUIRE(to_rts(aqp, p) == 0);
+  connect(d, b, aqp->qp_num, p);
+  ibv_sge s0{0, 0, 0};
+
+  // 700 ms of polling (CQs without a channel: taken for a poller). A
+  // message between two other QPs early on wakes the progress thread if
+  // it slept on the socket: it finds the application polling and from
+  // then on only looks in.
+  Qp c(d), e(d);
+  connect_pair(d, c, e);
+  REQUIRE(post_recv(e.qp, 1, nullptr, 0) == 0);
+  ibv_wc wc[4];
+  const uint64_t before = other_threads_wakeups();
+  const auto start = Clock::now();
+  bool sent = false;
+  size_t done = 0;
+  for (auto end = start + std::chrono::milliseconds(700); Clock::now() < end;) {
+    REQUIRE(ibv_poll_cq(b.cq, 4, wc) == 0);
+    if (!sent && Clock::now() - start > std::chrono::milliseconds(20)) {
+      REQUIRE(post_send(c.qp, 1, IBV_WR_SEND, &s0, 0, IBV_SEND_SIGNALED) == 0);
+      sent = true;
+    }
+    done += ibv_poll_cq(c.cq, 4, wc) + ibv_poll_cq(e.cq, 4, wc);
+  }
+  CHECK(done == 2);
+  const uint64_t woke = other_threads_wakeups() - before;
+  INFO("other threads woke " << woke << " times in 700 ms of polling");
+  CHECK(woke < 200);   // a look every millisecond would be 700
+
+  // Then the application stops polling and waits for a completion event:
+  // the progress thread must notice, carry the SEND and its ACK, and fire it.
+  REQUIRE(ibv_req_notify_cq(acq, 0) == 0);
+  REQUIRE(post_recv(b.qp, 7, nullptr, 0) == 0);
+  ibv_sge s{0, 0, 0};
+  const auto t0 = Clock::now();
+  REQUIRE(post_send(aqp, 1, IBV_WR_SEND, &s, 0, IBV_SEND_SIGNALED) == 0);
+  pollfd pf{ch->fd, POLLIN, 0};
+  REQUIRE(::poll(&pf, 1, 2000) == 1);
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  INFO("completion event after " << waited << " ms");
+  CHECK(waited < 100);   // (looks that kept doubling would next come about 320 ms later)
+  ibv_cq *ev_cq = nullptr;
+  void *ev_ctx = nullptr;
+  REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+  CHECK(ev_cq == acq);
+  ibv_ack_cq_events(acq, 1);
+  auto got = poll(acq, 1, 2);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].status == IBV_WC_SUCCESS);
+  CHECK(poll(b.cq, 1, 2).size() == 1);
+  ibv_destroy_qp(aqp);
+  ibv_destroy_cq(acq);
+  ibv_destroy_comp_channel(ch);
 }
 
 TEST_CASE("completion channel: events for a usrc CQ", "[verbs]") {

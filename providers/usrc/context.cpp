@@ -263,7 +263,7 @@ void Context::progress_loop() {
   // the time to the next (up to kMaxBackoff doublings). Every look wakes
   // this thread, and on a machine whose cores all poll it takes a core
   // from one of them: a thousand looks a second cost a small-message
-  // stream about a sixth of its rate on two cores. The price is the first
+  // stream about a tenth of its rate on two cores. The price is the first
   // look after a long stretch of polling coming later (16 ms at the
   // default USRC_APP_QUIET_US): an application that then stops polling
   // has its packets taken, held ACKs sent and timers run that much later,

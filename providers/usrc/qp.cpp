@@ -274,10 +274,6 @@ int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
   return 0;
 }
 
-// Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
-// names an MR of the QP's PD that covers the range, with local write access
-// where data will be written. Fills the transport's SGEs.
-// *total: the bytes they add up to.
 // One SGE's memory: its MR (by lkey, of this PD, with local write access
 // if write), the range within it; nullptr if any of that fails.
 static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool write) {
@@ -287,6 +283,10 @@ static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool
   return mr->map(in.addr, in.length);
 }
 
+// Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
+// names an MR of the QP's PD that covers the range, with local write access
+// where data will be written. Fills the transport's SGEs.
+// *total: the bytes they add up to.
 [[gnu::always_inline]] static inline bool map_sges(Context &c, const Pd *pd, const ibv_sge *in, int n, rc::Sge *out,
                                              bool write, uint64_t *total = nullptr) {
   uint64_t sum = 0;
@@ -457,8 +457,9 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
 }
 
 // A lone receive of one SGE (every receive of a stream's far end):
-// checked for that case only (map_sge) and written straight into its slot. Anything else, and any check that fails, goes the general
-// way, which says why.
+// checked for that case only (map_sge) and written straight into its
+// slot. Anything else, and any check that fails, goes the general way,
+// which says why.
 int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Qp *qp = to_qp(ibqp);
   if (!wr || wr->next || wr->num_sge != 1) return post_recv_list(qp, wr, bad);
@@ -469,16 +470,14 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   bool done = false;
   {
     std::lock_guard g(e.mu);   // (the MR table's lock too)
-    if (!t.rq.full() && t.state != rc::QpState::reset && t.state != rc::QpState::err) {
-      if (uint8_t *addr = map_sge(c, to_pd(ibqp->pd), sge, true)) {
-        rc::RecvWqe &r = t.rq.back();
-        r.wr.wr_id = wr->wr_id;
-        r.wr.num_sge = 1;
-        r.wr.sge[0] = {addr, sge.length};
-        r.length = std::min<uint32_t>(sge.length, rc::kMaxMsgSize);
-        t.rq.push();
-        done = true;
-      }
+    rc::RecvWr *w = t.state != rc::QpState::reset ? e.recv_slot(t) : nullptr;   // (ERR: posted, then flushed)
+    uint8_t *addr;
+    if (w && (addr = map_sge(c, to_pd(ibqp->pd), sge, true))) {
+      w->wr_id = wr->wr_id;
+      w->num_sge = 1;
+      w->sge[0] = {addr, sge.length};
+      e.post_recv_slot(t, sge.length);
+      done = true;
     }
   }
   return done ? 0 : post_recv_list(qp, wr, bad);

@@ -33,6 +33,7 @@ capture_stop() {   # sets IBA (packets captured, doorbells aside) and DOORBELLS 
   DOORBELLS=$(tshark -r "$CAP" -Y "udp.length == 12" 2>/dev/null | wc -l)
   IBA=$(tshark -r "$CAP" -Y "udp.length > 12" 2>/dev/null | wc -l)
 }
+counter() { "$USRC" stats sh0 | grep -o "$1 [0-9]*" | awk '{print $2}'; }   # counter NAME: its value
 pingpong() {   # pingpong ITERS [env...]: both ends on sh0 (with $PP_ARGS), checks the rings meanwhile
   local n=$1; shift
   local port; port=$(pick_port)
@@ -70,7 +71,6 @@ note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DU
 # it, and never ringing at all fails the run. A wake-up that a loaded
 # virtual CPU delays past that timer resends too, now and then: a few
 # are allowed.
-counter() { "$USRC" stats sh0 | grep -o "$1 [0-9]*" | awk '{print $2}'; }
 resent=$(counter retransmits)
 capture_start "$FILTER"
 PP_ARGS=-e pingpong 500 USRC_BUSY_POLL_US=0
@@ -84,7 +84,7 @@ note "events (-e): $DOORBELLS doorbells, $IBA IBA packets on lo, $resent resent 
 # Small RDMA WRITEs go straight into the peer's memory (direct placement):
 # stock ib_write_lat's WRITEs are counted as direct_writes, all of both
 # sides', and none with USRC_DIRECT_WRITE=0.
-direct_writes() { "$USRC" stats sh0 | grep -o 'direct_writes [0-9]*' | awk '{print $2}'; }
+direct_writes() { counter direct_writes; }
 write_lat() {   # write_lat ITERS [env...]
   local n=$1; shift
   local port; port=$(pick_port)

@@ -48,11 +48,20 @@ struct Dev {
   }
 };
 
+// A completion channel, destroyed with its scope (declared before the CQs
+// that use it, it outlives them).
+struct Channel {
+  ibv_comp_channel *ch = nullptr;
+  explicit Channel(Dev &d) : ch(ibv_create_comp_channel(d.ctx)) { REQUIRE(ch); }
+  ~Channel() { ibv_destroy_comp_channel(ch); }
+};
+
+// An RC QP on a CQ of its own (with completion events on ch, if given).
 struct Qp {
   ibv_cq *cq = nullptr;
   ibv_qp *qp = nullptr;
-  Qp(Dev &d, uint32_t depth = 256) {
-    cq = ibv_create_cq(d.ctx, 2 * depth + 8, nullptr, nullptr, 0);
+  Qp(Dev &d, uint32_t depth = 256, ibv_comp_channel *ch = nullptr) {
+    cq = ibv_create_cq(d.ctx, 2 * depth + 8, nullptr, ch, 0);
     REQUIRE(cq);
     ibv_qp_init_attr ia{};
     ia.send_cq = ia.recv_cq = cq;
@@ -620,22 +629,10 @@ static uint64_t other_threads_wakeups() {
 // the progress thread still takes over within a bounded time.
 TEST_CASE("a polling application: the progress thread looks in rarely, and takes over once it stops", "[verbs]") {
   Dev d;
-  ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);
-  REQUIRE(ch);
-  ibv_cq *acq = ibv_create_cq(d.ctx, 16, nullptr, ch, 0);
-  REQUIRE(acq);
-  ibv_qp_init_attr ia{};
-  ia.send_cq = ia.recv_cq = acq;
-  ia.qp_type = IBV_QPT_RC;
-  ia.cap = {4, 4, 1, 1, 0};
-  ibv_qp *aqp = ibv_create_qp(d.pd, &ia);
-  REQUIRE(aqp);
-  Qp b(d);
-  Params p;
-  REQUIRE(to_init(aqp, 0) == 0);
-  REQUIRE(to_rtr(d, aqp, b.qp->qp_num, p) == 0);
-  REQUIRE(to_rts(aqp, p) == 0);
-  connect(d, b, aqp->qp_num, p);
+  Channel ch(d);   // (destroyed after the QPs and CQs below)
+  Qp a(d, 4, ch.ch), b(d);
+  ibv_cq *const acq = a.cq;
+  connect_pair(d, a, b);
   ibv_sge s0{0, 0, 0};
 
   // 700 ms of polling (CQs without a channel: taken for a poller). A
@@ -667,26 +664,22 @@ TEST_CASE("a polling application: the progress thread looks in rarely, and takes
   // the progress thread must notice, carry the SEND and its ACK, and fire it.
   REQUIRE(ibv_req_notify_cq(acq, 0) == 0);
   REQUIRE(post_recv(b.qp, 7, nullptr, 0) == 0);
-  ibv_sge s{0, 0, 0};
   const auto t0 = Clock::now();
-  REQUIRE(post_send(aqp, 1, IBV_WR_SEND, &s, 0, IBV_SEND_SIGNALED) == 0);
-  pollfd pf{ch->fd, POLLIN, 0};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s0, 0, IBV_SEND_SIGNALED) == 0);
+  pollfd pf{ch.ch->fd, POLLIN, 0};
   REQUIRE(::poll(&pf, 1, 2000) == 1);
   const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   INFO("completion event after " << waited << " ms");
   CHECK(waited < 100);   // (looks that kept doubling would next come about 320 ms later)
   ibv_cq *ev_cq = nullptr;
   void *ev_ctx = nullptr;
-  REQUIRE(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0);
+  REQUIRE(ibv_get_cq_event(ch.ch, &ev_cq, &ev_ctx) == 0);
   CHECK(ev_cq == acq);
   ibv_ack_cq_events(acq, 1);
   auto got = poll(acq, 1, 2);
   REQUIRE(got.size() == 1);
   CHECK(got[0].status == IBV_WC_SUCCESS);
   CHECK(poll(b.cq, 1, 2).size() == 1);
-  ibv_destroy_qp(aqp);
-  ibv_destroy_cq(acq);
-  ibv_destroy_comp_channel(ch);
 }
 
 TEST_CASE("completion channel: events for a usrc CQ", "[verbs]") {

@@ -289,13 +289,6 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-void Engine::post_recv_slot(Qp &qp, uint64_t len) {
-  RecvWqe &r = qp.rq.back();
-  r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
-  qp.rq.push();
-  if (qp.state == QpState::err) flush_queues(qp);
-}
-
 size_t Engine::progress(bool app, uint64_t now) {
   Pass pass(*this, now ? now : clock_());
   if (placed_since_pass.load(std::memory_order_relaxed))

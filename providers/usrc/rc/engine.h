@@ -86,7 +86,12 @@ class Engine {
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot; the QP must not be in RESET.
   RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
-  void post_recv_slot(Qp &qp, uint64_t len);
+  void post_recv_slot(Qp &qp, uint64_t len) {   // (inline: every receive of a stream takes it)
+    RecvWqe &r = qp.rq.back();
+    r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
+    qp.rq.push();
+    if (qp.state == QpState::err) flush_queues(qp);
+  }
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the

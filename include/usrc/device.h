@@ -75,7 +75,7 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(rx_packets, "packets received")                                           \
   X(tx_bytes, "bytes sent (UDP payload)")                                     \
   X(rx_bytes, "bytes received (UDP payload)")                                 \
-  X(retransmits, "request packets sent again (go-back-N)")                    \
+  X(retransmits, "request packets sent again")                    \
   X(timeouts, "Local ACK Timeout expiries")                                   \
   X(duplicates, "duplicate request packets received (re-ACKed)")             \
   X(seq_naks_sent, "PSN sequence error NAKs sent")                            \
@@ -96,7 +96,9 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(tx_errors, "packets the NIC refused to send")                             \
   X(rto_resends, "resends on the adaptive retransmission timer (before the Local ACK Timeout)") \
   X(direct_writes, "RDMA WRITEs placed directly in a same-host peer's memory") \
-  X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them")
+  X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them") \
+  X(held, "request packets received beyond a gap, kept and taken in order once it was filled") \
+  X(selective_resends, "sequence NAKs answered by resending the lost packet alone")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

@@ -4,6 +4,7 @@
 // statuses when the peer vanishes or retries run out.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -581,6 +582,84 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
   CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
   CHECK(min_cwnd == 32);   // halved down to 32 packets (README), never below
   CHECK(std::memcmp(target.data(), src.data(), src.size()) == 0);
+}
+
+// Four 16 KB RDMA WRITEs (64 packets of 1 KB) from a to b; the first
+// transmission of each request packet whose PSN is in lose is dropped.
+// Returns whether all four completed and landed byte-exact.
+static bool write_losing(Pair &p, std::vector<uint32_t> lose) {
+  std::vector<uint8_t> target(65536, 0), src(65536);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 11 + 3);
+  p.b.mem.regions[6] = {target.data(), 0, target.size(), kAccessRemoteWrite};
+  p.net.drop_if = [&lose](const std::vector<uint8_t> &d) {
+    if (d.size() < 12 || d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
+    const uint32_t psn = wire::get_be32(d.data() + 8) & 0xffffff;
+    const auto it = std::find(lose.begin(), lose.end(), psn);
+    if (it == lose.end()) return false;
+    lose.erase(it);   // (once)
+    return true;
+  };
+  SendWr w;
+  w.opcode = WrOpcode::rdma_write;
+  w.flags = kSignaled;
+  w.rkey = 6;
+  w.num_sge = 1;
+  for (uint32_t i = 0; i < 4; i++) {
+    w.wr_id = i;
+    w.remote_va = i * 16384;
+    w.sge[0] = {src.data() + i * 16384, 16384};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  std::vector<Completion> sc;
+  const bool ok = p.collect(sc, 4);
+  p.net.drop_if = nullptr;
+  for (const Completion &c : sc) CHECK(c.status == WcStatus::success);
+  return ok && lose.empty() && std::memcmp(target.data(), src.data(), src.size()) == 0;
+}
+
+TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it", "[sim]") {
+  Pair p(31);
+  p.a.qp->timeout = 20;   // no Local ACK Timeout: only the NAK acts
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  REQUIRE(write_losing(p, {10}));
+  CHECK(ctr(p.b, Counter::seq_naks_sent) == 1);
+  CHECK(ctr(p.b, Counter::held) > 8);          // the packets after it in flight
+  CHECK(ctr(p.a, Counter::retransmits) == 1);  // the lost one, no more
+  CHECK(ctr(p.a, Counter::selective_resends) == 1);
+  CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  CHECK(p.b.qp->held == 0);
+
+  SECTION("two gaps: each NAKed once it is the next, each resent alone") {
+    REQUIRE(write_losing(p, {64 + 5, 64 + 9}));
+    CHECK(ctr(p.b, Counter::seq_naks_sent) == 3);
+    CHECK(ctr(p.a, Counter::retransmits) == 3);
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  }
+  SECTION("the resend lost too: the retransmission timer resends from it") {
+    REQUIRE(write_losing(p, {64 + 5, 64 + 5}));
+    CHECK(ctr(p.a, Counter::rto_resends) >= 1);
+    CHECK(p.b.qp->held == 0);
+  }
+}
+
+TEST_CASE("a responder that keeps nothing after a gap gets go-back-N", "[sim]") {
+  Pair p(32);
+  p.a.qp->timeout = 20;
+  p.b.e->hold_max = 0;   // USRC_RX_HOLD=0: drops what follows a gap, as IBA allows
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  REQUIRE(write_losing(p, {10}));
+  // The lost one was resent alone, and its ACK took it alone, though more
+  // had been sent after it: everything from there was resent at once.
+  CHECK(ctr(p.b, Counter::held) == 0);
+  CHECK(ctr(p.b, Counter::seq_naks_sent) == 1);
+  CHECK(ctr(p.a, Counter::selective_resends) == 1);
+  CHECK(ctr(p.a, Counter::retransmits) > 8);
+  CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  // The next loss goes back N at once.
+  const uint64_t naks = ctr(p.b, Counter::seq_naks_sent);
+  REQUIRE(write_losing(p, {64 + 10}));
+  CHECK(ctr(p.b, Counter::seq_naks_sent) == naks + 1);
+  CHECK(ctr(p.a, Counter::selective_resends) == 1);
 }
 
 TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing written", "[sim]") {

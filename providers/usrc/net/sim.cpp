@@ -20,6 +20,10 @@ void SimNetwork::submit(Endpoint src, const TxPacket &p) {
     auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
     data.insert(data.end(), b, b + p.iov[i].iov_len);
   }
+  if (drop_if && drop_if(data)) {
+    stats.dropped++;
+    return;
+  }
   if (tap) tap(data);
   if (!data.empty() && chance(faults_.corrupt)) {
     stats.corrupted++;

@@ -39,6 +39,8 @@ class SimNetwork {
   bool loopback = false;
   // Sees every datagram that is not dropped, before other faults.
   std::function<void(const std::vector<uint8_t> &)> tap;
+  // Drops the datagrams it returns true for (a chosen loss), before tap.
+  std::function<bool(const std::vector<uint8_t> &)> drop_if;
 
  private:
   friend class SimNic;

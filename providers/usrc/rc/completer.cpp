@@ -146,6 +146,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     }
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
     qp.una_psn = new_una;
+    if (qp.sel_on) sel_acked(qp);
     advanced(qp);
   }
   if (gap) implied_nak(qp);
@@ -338,7 +339,8 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
           }
           qp.retry_left--;
         }
-        go_back_n(qp, qp.una_psn);   // una may lag psn: READ data still missing
+        // una may lag psn: READ data still missing.
+        if (qp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.una_psn);
         requester_tx(qp);
         return;
       }

@@ -16,6 +16,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
   ack_list_.reserve(64);
+  hold_max = tun_.rx_hold;
 }
 
 Engine::~Engine() {
@@ -42,6 +43,7 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
 void Engine::destroy_qp(Qp *qp) {
   tx_flush();   // held ACKs
   update_gate(*qp, false);   // nothing is placed into a destroyed QP
+  drop_held(*qp);
   bool responded = qp->comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) return reap(qp);
@@ -64,6 +66,7 @@ void Engine::destroy_qp(Qp *qp) {
 void Engine::reap(Qp *qp) {
   tx_flush();   // nothing queued may outlive the QP
   if (qp->linger_until) lingering_--;
+  drop_held(*qp);
   std::erase(ack_list_, qp);
   std::erase(live_, qp);
   qps_[qp->qpn & (kQpsPerSlot - 1)] = nullptr;
@@ -111,6 +114,9 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.rto_backoff = 0;
       qp.cwnd = qp.ssthresh = qp.window;
       qp.cwnd_acc = 0;
+      qp.sel_on = false;
+      qp.sel_skip = 0;
+      drop_held(qp);
       std::erase(ack_list_, &qp);
       break;
     case QpState::rts:
@@ -123,6 +129,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       break;
     case QpState::err:
       if (old != QpState::err) flush_queues(qp);
+      drop_held(qp);
       break;
     case QpState::sqd:
       if (old != QpState::sqd) {
@@ -428,6 +435,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       return;
     }
     responder_rx(*qp, v);
+    if (qp->held) drain_held(*qp);
   } else {
     if (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe) {
       count(Counter::unknown_qp_drops);

@@ -132,6 +132,7 @@ class Engine {
   void note_poll() { polls.store(polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   uint32_t slot() const { return slot_; }
   uint32_t max_window = 64;       // cap for new QPs (from the socket buffer)
+  uint32_t hold_max;              // requests kept beyond a gap (USRC_RX_HOLD)
 
  private:
   // requester.cpp
@@ -145,6 +146,8 @@ class Engine {
   void ring_slot_done(size_t len, size_t seg, uint32_t n);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
+  bool resend_one(Qp &qp, uint32_t psn);
+  void sel_acked(Qp &qp);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
   void update_gate(Qp &qp, bool live = true);
   // completer.cpp
@@ -175,6 +178,9 @@ class Engine {
   void send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig);
   void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                      uint32_t imm_be, bool solicited);
+  void hold(Qp &qp, const struct PacketView &p);
+  void drain_held(Qp &qp);
+  void drop_held(Qp &qp);
   // engine.cpp
   void handle_packet(const net::RxPacket &pkt);
   void flush_queues(Qp &qp);
@@ -262,6 +268,17 @@ class Engine {
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;
   PacketView rx_view_;   // the packet being handled (not built afresh for each)
+  // SEND and WRITE packets that arrived beyond a gap in their QP's PSNs
+  // (Engine::hold), copied, to be taken in order once the gap is filled:
+  // hold_max of them per context, payloads of up to kHoldBytes; allocated
+  // on the first one.
+  static constexpr size_t kHoldBytes = 4096;   // the largest path MTU
+  struct Held {
+    Qp *qp = nullptr;   // nullptr: free
+    PacketView v;       // its payload in data
+    std::unique_ptr<uint8_t[]> data;
+  };
+  std::vector<Held> held_;
 };
 
 }  // namespace usrc::rc

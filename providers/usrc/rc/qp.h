@@ -153,6 +153,13 @@ struct Qp {
   // one per acknowledged packet up to ssthresh and by one per window above.
   uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }
+  // Selective resend (Engine::resend_one): a sequence NAK's PSN alone was
+  // resent (sel_on, sel_psn), as a peer that keeps what follows a gap
+  // needs nothing else; the next sel_skip losses go back N (a peer that
+  // did not keep them, Engine::sel_acked).
+  uint32_t sel_psn = 0;
+  bool sel_on = false;
+  uint8_t sel_skip = 0;
 
   // Completer.
   uint32_t una_psn = 0;       // oldest unacknowledged PSN
@@ -180,6 +187,7 @@ struct Qp {
   bool in_msg = false;        // a multi-packet message is being received
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
   bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
+  uint16_t held = 0;          // requests beyond epsn kept (Engine::hold)
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)

@@ -89,7 +89,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.
   if (!qp || !qp->local_path || pkts[0].src != qp->peer || qp->linger_until || !qp->comm_est ||
-      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg)
+      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg || qp->held)
     return 0;
   uint32_t epsn = qp->epsn, last_len = 0;
   bool ack = false;
@@ -174,6 +174,67 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   return k;
 }
 
+// A SEND or WRITE packet beyond epsn (the ones before it were lost),
+// kept as a copy for drain_held(): unless it is kept already, is further
+// ahead than hold_max or there is no room (then it is resent, as it would
+// be without holding). The wire stays plain IBA: a requester that resends
+// everything from the NAK's PSN on finds these taken as duplicates.
+void Engine::hold(Qp &qp, const PacketView &v) {
+  const uint32_t psn = v.psn();
+  if (static_cast<uint32_t>(psn_diff(psn, qp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) return;
+  if (held_.empty()) held_.resize(hold_max);   // (the first loss of the context)
+  Held *room = nullptr;
+  for (Held &h : held_) {
+    if (h.qp == &qp && h.v.psn() == psn) {
+      count(Counter::duplicates);
+      return;
+    }
+    if (!h.qp && !room) room = &h;
+  }
+  if (!room) return;
+  if (!room->data) room->data = std::make_unique_for_overwrite<uint8_t[]>(kHoldBytes);
+  std::memcpy(room->data.get(), v.p.payload, v.p.payload_len);
+  room->v = v;
+  room->v.p.payload = room->data.get();
+  room->qp = &qp;
+  qp.held++;
+  count(Counter::held);
+}
+
+// After a packet was taken in order: the kept ones that follow it are
+// taken in turn, as if they arrived now (the ones left behind, dropped).
+// A gap that is left is NAKed at once: the requester resends only what
+// a NAK names, and it may wait, its window full, for this one.
+void Engine::drain_held(Qp &qp) {
+  for (bool again = true; again && qp.held;) {
+    again = false;
+    for (Held &h : held_) {
+      if (h.qp != &qp) continue;
+      const int32_t d = psn_diff(h.v.psn(), qp.epsn);
+      if (d > 0) continue;
+      h.qp = nullptr;   // (its copy stays valid: nothing is kept meanwhile)
+      qp.held--;
+      if (d < 0) continue;
+      if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::err) {
+        drop_held(qp);
+        return;
+      }
+      responder_rx(qp, h.v);
+      again = true;
+    }
+  }
+  if (qp.held && !qp.nak_sent) {
+    qp.nak_sent = true;
+    send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
+  }
+}
+
+void Engine::drop_held(Qp &qp) {
+  for (Held &h : held_)
+    if (h.qp == &qp) h.qp = nullptr;
+  qp.held = 0;
+}
+
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
   const int32_t d = psn_diff(psn, qp.epsn);
@@ -190,8 +251,11 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     return;
   }
   if (d > 0) {
-    // PSN sequence error (IBA 9.7.5.2.3): NAK once, then drop silently
-    // until the expected PSN arrives.
+    // PSN sequence error (IBA 9.7.5.2.3): NAK once, then take nothing
+    // until the expected PSN arrives. SEND and WRITE packets are kept for
+    // then (hold): the requester need resend only the lost ones.
+    if ((mask & (wire::IS_SEND | wire::IS_WRITE)) && v.opcode() != uint8_t(Opcode::USRC_WRITE_PLACED))
+      hold(qp, v);
     if (!qp.nak_sent) {
       qp.nak_sent = true;
       send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);

@@ -385,7 +385,7 @@ TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then 
   CHECK(s[0].status == WcStatus::wr_flush_err);
 }
 
-TEST_CASE("a lost packet nothing reveals is resent on the retransmission timer, not the Local ACK Timeout", "[sim]") {
+TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local ACK Timeout", "[sim]") {
   Pair p(4);
   p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s
   p.a.e->set_state(*p.a.qp, QpState::rts);
@@ -409,8 +409,9 @@ TEST_CASE("a lost packet nothing reveals is resent on the retransmission timer, 
   const uint64_t t0 = p.net.now();
   REQUIRE(p.run(done(2)));
   CHECK(sc[1].status == WcStatus::success);
-  CHECK(p.net.now() - t0 < 50'000'000);   // well inside the 4.3 s timeout
-  CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] >= 1);
+  CHECK(p.net.now() - t0 < 1'000'000);   // the probe: well inside the 4.3 s timeout
+  CHECK(p.a.e->counters[uint32_t(Counter::probes)] == 1);
+  CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] == 0);
   CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
   CHECK(p.a.qp->retry_left == p.a.qp->retry_cnt);   // not a retry (IBA 9.7.6.1.3)
 
@@ -585,15 +586,18 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
 }
 
 // Four 16 KB RDMA WRITEs (64 packets of 1 KB) from a to b; the first
-// transmission of each request packet whose PSN is in lose is dropped.
-// Returns whether all four completed and landed byte-exact.
+// transmission of each request packet whose PSN is in lose is dropped
+// (0x800000: the first sequence NAK). Returns whether all four completed
+// and landed byte-exact.
 static bool write_losing(Pair &p, std::vector<uint32_t> lose) {
   std::vector<uint8_t> target(65536, 0), src(65536);
   for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 11 + 3);
   p.b.mem.regions[6] = {target.data(), 0, target.size(), kAccessRemoteWrite};
   p.net.drop_if = [&lose](const std::vector<uint8_t> &d) {
-    if (d.size() < 12 || d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
-    const uint32_t psn = wire::get_be32(d.data() + 8) & 0xffffff;
+    if (d.size() < 13) return false;
+    const bool nak = d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && d[12] == wire::aeth_nak(wire::NAK_PSN_SEQ);
+    if (d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && !nak) return false;
+    const uint32_t psn = nak ? 0x800000u : wire::get_be32(d.data() + 8) & 0xffffff;
     const auto it = std::find(lose.begin(), lose.end(), psn);
     if (it == lose.end()) return false;
     lose.erase(it);   // (once)
@@ -635,9 +639,20 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
     CHECK(ctr(p.a, Counter::retransmits) == 3);
     CHECK(ctr(p.a, Counter::rto_resends) == 0);
   }
-  SECTION("the resend lost too: the retransmission timer resends from it") {
-    REQUIRE(write_losing(p, {64 + 5, 64 + 5}));
-    CHECK(ctr(p.a, Counter::rto_resends) >= 1);
+  SECTION("two lost in a row: the second NAKed and resent alone too") {
+    REQUIRE(write_losing(p, {64 + 5, 64 + 6}));
+    CHECK(ctr(p.b, Counter::seq_naks_sent) == 3);
+    CHECK(ctr(p.a, Counter::retransmits) == 3);
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  }
+  SECTION("the resend lost too, or the NAK: the probe resends it alone") {
+    const bool nak = GENERATE(false, true);
+    const uint64_t t0 = p.net.now();
+    REQUIRE(write_losing(p, {64 + 5, nak ? 0x800000u : 64 + 5}));
+    CHECK(p.net.now() - t0 < 1'000'000);
+    CHECK(ctr(p.a, Counter::probes) == 1);
+    CHECK(ctr(p.a, Counter::retransmits) == (nak ? 2 : 3));
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
     CHECK(p.b.qp->held == 0);
   }
 }

@@ -38,6 +38,7 @@ void Engine::advanced(Qp &qp) {
   qp.rnr_left = qp.rnr_retry;
   qp.ack_deadline = qp.rto_deadline = 0;
   qp.rto_backoff = 0;
+  qp.probed = false;
   if (qp.una_psn != qp.tx_high) arm_retransmit(qp);
   check_drained(qp);
 }
@@ -51,7 +52,8 @@ void Engine::arm_retransmit(Qp &qp) {
   qp.ack_deadline = now + t;
   arm_timer(qp.ack_deadline);
   if (!qp.srtt) return;
-  const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+  uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+  if (!qp.probed && !qp.sel_skip) rto = std::min(rto, std::max(2 * qp.srtt, kMinProbeNs));
   if (rto < t) {
     qp.rto_deadline = now + rto;
     arm_timer(qp.rto_deadline);
@@ -104,7 +106,7 @@ void Engine::window_acked(Qp &qp, uint32_t npkts) {
 // Every PSN up to and including psn is acknowledged (ACKs are cumulative,
 // IBA 9.7.5.1.1), except that a READ or ATOMIC completes only with its own
 // response data. Returns true if that was progress.
-bool Engine::ack_through(Qp &qp, uint32_t psn) {
+bool Engine::ack_through(Qp &qp, uint32_t psn, bool nak) {
   uint32_t new_una = psn_add(psn, 1);
   if (psn_diff(new_una, qp.una_psn) <= 0) return false;
   bool gap = false;
@@ -146,7 +148,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     }
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
     qp.una_psn = new_una;
-    if (qp.sel_on) sel_acked(qp);
+    if (qp.sel_on) sel_acked(qp, nak);
     advanced(qp);
   }
   if (gap) implied_nak(qp);
@@ -330,7 +332,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
       if (code == wire::NAK_PSN_SEQ) {
         count(Counter::seq_naks_rcvd);
         window_loss(qp, false);
-        bool progress = ack_through(qp, psn_add(psn, kPsnMask));
+        bool progress = ack_through(qp, psn_add(psn, kPsnMask), true);
         if (!progress) {
           if (qp.retry_left == 0) {
             count(Counter::retry_exceeded);
@@ -375,9 +377,24 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       arm_timer(qp.rto_deadline);
       return;
     }
+    qp.rto_deadline = 0;
+    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs);
+    if (!qp.probed) {
+      // The probe: a short silence since the last progress (a lost NAK,
+      // resend or ACK leaves the window full and the peer waiting). The
+      // oldest packet alone: a peer that kept the ones after it (or has
+      // it, and lost our ACK) acknowledges them all. The retransmission
+      // timer runs from here.
+      qp.probed = true;
+      if (!qp.sel_skip && resend_one(qp, qp.una_psn, true)) count(Counter::probes);
+      if (now + (rto << qp.rto_backoff) < qp.ack_deadline) {
+        qp.rto_deadline = now + (rto << qp.rto_backoff);
+        arm_timer(qp.rto_deadline);
+      }
+      return;
+    }
     // The retransmission timer: resend from una; the Local ACK Timeout
     // keeps running and still decides retry_cnt.
-    qp.rto_deadline = 0;
     count(Counter::rto_resends);
     // A first expiry is a loss like a NAK's; one more without progress in
     // between is trouble that persists (an overflowing receiver whose
@@ -386,9 +403,8 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     go_back_n(qp, qp.una_psn);
     requester_tx(qp);
     if (qp.rto_backoff < 30) qp.rto_backoff++;
-    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
-    if (now + rto < qp.ack_deadline) {
-      qp.rto_deadline = now + rto;
+    if (now + (rto << qp.rto_backoff) < qp.ack_deadline) {
+      qp.rto_deadline = now + (rto << qp.rto_backoff);
       arm_timer(qp.rto_deadline);
     }
     return;

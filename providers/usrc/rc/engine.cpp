@@ -112,9 +112,10 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.srtt = qp.rttvar = 0;
       qp.rtt_on = false;
       qp.rto_backoff = 0;
+      qp.probed = false;
       qp.cwnd = qp.ssthresh = qp.window;
       qp.cwnd_acc = 0;
-      qp.sel_on = false;
+      qp.sel_on = qp.peer_keeps = false;
       qp.sel_skip = 0;
       drop_held(qp);
       std::erase(ack_list_, &qp);

@@ -146,13 +146,13 @@ class Engine {
   void ring_slot_done(size_t len, size_t seg, uint32_t n);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
-  bool resend_one(Qp &qp, uint32_t psn);
-  void sel_acked(Qp &qp);
+  bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
+  void sel_acked(Qp &qp, bool nak);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
   void update_gate(Qp &qp, bool live = true);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
-  bool ack_through(Qp &qp, uint32_t psn);
+  bool ack_through(Qp &qp, uint32_t psn, bool nak = false);
   void read_response(Qp &qp, const struct PacketView &p);
   void atomic_ack(Qp &qp, const struct PacketView &p);
   void implied_ack(Qp &qp, uint32_t psn);

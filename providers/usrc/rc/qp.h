@@ -155,10 +155,10 @@ struct Qp {
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }
   // Selective resend (Engine::resend_one): a sequence NAK's PSN alone was
   // resent (sel_on, sel_psn), as a peer that keeps what follows a gap
-  // needs nothing else; the next sel_skip losses go back N (a peer that
-  // did not keep them, Engine::sel_acked).
+  // needs nothing else; peer_keeps: it did so before; the next sel_skip
+  // losses go back N (a peer that did not keep them, Engine::sel_acked).
   uint32_t sel_psn = 0;
-  bool sel_on = false;
+  bool sel_on = false, peer_keeps = false;
   uint8_t sel_skip = 0;
 
   // Completer.
@@ -178,6 +178,9 @@ struct Qp {
   uint32_t rtt_psn = 0;
   bool rtt_on = false;             // a round trip is being timed
   uint8_t rto_backoff = 0;
+  // The probe (Engine::check_timers): the first expiry after progress
+  // comes after kMinProbeNs or 2 srtt and resends the oldest packet alone.
+  bool probed = false;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
 

@@ -355,17 +355,18 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 }
 
 // A sequence NAK for psn (= una), answered by resending that packet alone,
-// if its WQE is a SEND or WRITE sent on past it: a responder that keeps
-// the packets after a gap (as ours does, Engine::hold) then has all it
-// needs and acknowledges them together, and a lost packet costs one
-// resend, not the window. One that drops them (IBA allows either)
-// acknowledges that packet alone (sel_acked). False: go back N.
-bool Engine::resend_one(Qp &qp, uint32_t psn) {
-  if (qp.sel_skip) {
+// if its WQE is a SEND or WRITE: a responder that keeps the packets after
+// a gap (as ours does, Engine::hold) then has all it needs and
+// acknowledges them together, and a lost packet costs one resend, not the
+// window. One that drops them (IBA allows either) acknowledges that packet
+// alone (sel_acked). A probe (check_timers) resends una the same way.
+// False: go back N.
+bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
+  if (qp.sel_skip && !probe) {
     qp.sel_skip--;
     return false;
   }
-  if (psn_diff(qp.tx_psn, psn) < 2) return false;   // (nothing after it to keep)
+  if (!psn_lt(psn, qp.tx_psn)) return false;   // (not sent: sending it is a go-back)
   uint64_t pos = qp.sq.head;
   while (pos != qp.sq.tail && !psn_lt(psn, psn_add(qp.sq.at(pos).first_psn, qp.sq.at(pos).npkts))) pos++;
   if (pos == qp.sq.tail) return false;
@@ -373,27 +374,32 @@ bool Engine::resend_one(Qp &qp, uint32_t psn) {
   if (is_rd_atomic(w.wr.opcode) || w.placed) return false;
   build_request(qp, w, psn, psn_add(psn, 1), true);
   count(Counter::retransmits);
-  count(Counter::selective_resends);
   qp.rtt_on = false;   // (Karn, as go_back_n)
+  if (probe) return true;   // (no evidence either way: the ACK may answer the original)
+  count(Counter::selective_resends);
   qp.sel_on = true;
   qp.sel_psn = psn;
   return true;
 }
 
-// una moved while a packet resent alone is outstanding (Qp::sel_on). An
-// ACK that takes it and the packets after it: the peer kept them. One
-// that takes it alone, though more were sent after it: the peer dropped
-// them (or they were all lost): they are resent now, and the next
-// kSelSkip losses go back N at once.
-void Engine::sel_acked(Qp &qp) {
+// una moved past a packet resent alone (Qp::sel_on). Taken with packets
+// after it: the peer keeps them (Qp::peer_keeps). Taken alone, though more
+// were sent after it: from a peer that keeps them, a NAK for the next one
+// (lost too: resend_one takes it), or an ACK (it kept none: all lost, or
+// no room), and the rest is resent now; from any other peer, it dropped
+// them: the rest is resent now and its next kSelSkip losses go back N.
+void Engine::sel_acked(Qp &qp, bool nak) {
   constexpr uint8_t kSelSkip = 8;
   const int32_t past = psn_diff(qp.una_psn, qp.sel_psn);
   if (past <= 0) return;
   qp.sel_on = false;
-  if (past == 1 && psn_diff(qp.tx_psn, qp.una_psn) > 0) {
-    qp.sel_skip = kSelSkip;
-    go_back_n(qp, qp.una_psn);
+  if (past > 1) {
+    qp.peer_keeps = true;
+    return;
   }
+  if (!psn_lt(qp.una_psn, qp.tx_psn) || (nak && qp.peer_keeps)) return;
+  if (!qp.peer_keeps) qp.sel_skip = kSelSkip;
+  go_back_n(qp, qp.una_psn);
 }
 
 // Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).

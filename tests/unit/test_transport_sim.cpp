@@ -639,11 +639,31 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
     CHECK(ctr(p.a, Counter::retransmits) == 3);
     CHECK(ctr(p.a, Counter::rto_resends) == 0);
   }
-  SECTION("two lost in a row: the second NAKed and resent alone too") {
-    REQUIRE(write_losing(p, {64 + 5, 64 + 6}));
-    CHECK(ctr(p.b, Counter::seq_naks_sent) == 3);
-    CHECK(ctr(p.a, Counter::retransmits) == 3);
+  SECTION("a run of losses: resent from its second packet on, once") {
+    const uint64_t naks = ctr(p.b, Counter::seq_naks_sent);
+    const uint64_t resent = ctr(p.a, Counter::retransmits);
+    REQUIRE(write_losing(p, {64 + 5, 64 + 6, 64 + 7, 64 + 8, 64 + 9, 64 + 10}));
+    CHECK(ctr(p.b, Counter::seq_naks_sent) <= naks + 2);   // not one per packet
+    CHECK(ctr(p.a, Counter::selective_resends) == 2);      // the first, alone
+    CHECK(ctr(p.a, Counter::retransmits) - resent > 6);
+    CHECK(ctr(p.a, Counter::retransmits) - resent <= 64);   // one go-back
     CHECK(ctr(p.a, Counter::rto_resends) == 0);
+    CHECK(ctr(p.a, Counter::probes) == 0);
+    // Still answered alone next time: the peer keeps packets.
+    REQUIRE(write_losing(p, {128 + 5}));
+    CHECK(ctr(p.a, Counter::selective_resends) == 3);
+  }
+  SECTION("no room to keep them all: NAKed after the drain, then go-back-N from there") {
+    // Near the end: nothing new to send would reveal the packets dropped.
+    p.b.e->hold_max = 4;
+    const uint64_t t0 = p.net.now(), resent = ctr(p.a, Counter::retransmits);
+    const uint64_t naks = ctr(p.b, Counter::seq_naks_sent);
+    REQUIRE(write_losing(p, {64 + 52}));   // 53-56 kept, 57-63 dropped
+    CHECK(p.net.now() - t0 < 1'000'000);
+    CHECK(ctr(p.b, Counter::seq_naks_sent) == naks + 2);
+    CHECK(ctr(p.a, Counter::probes) == 0);
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+    CHECK(ctr(p.a, Counter::retransmits) - resent == 1 + 7);   // (not one per round trip)
   }
   SECTION("the resend lost too, or the NAK: the probe resends it alone") {
     const bool nak = GENERATE(false, true);
@@ -662,19 +682,92 @@ TEST_CASE("a responder that keeps nothing after a gap gets go-back-N", "[sim]") 
   p.a.qp->timeout = 20;
   p.b.e->hold_max = 0;   // USRC_RX_HOLD=0: drops what follows a gap, as IBA allows
   auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
-  REQUIRE(write_losing(p, {10}));
-  // The lost one was resent alone, and its ACK took it alone, though more
-  // had been sent after it: everything from there was resent at once.
-  CHECK(ctr(p.b, Counter::held) == 0);
-  CHECK(ctr(p.b, Counter::seq_naks_sent) == 1);
-  CHECK(ctr(p.a, Counter::selective_resends) == 1);
-  CHECK(ctr(p.a, Counter::retransmits) > 8);
-  CHECK(ctr(p.a, Counter::rto_resends) == 0);
-  // The next loss goes back N at once.
-  const uint64_t naks = ctr(p.b, Counter::seq_naks_sent);
-  REQUIRE(write_losing(p, {64 + 10}));
-  CHECK(ctr(p.b, Counter::seq_naks_sent) == naks + 1);
-  CHECK(ctr(p.a, Counter::selective_resends) == 1);
+  SECTION("a NAK") {
+    REQUIRE(write_losing(p, {10}));
+    // The lost one was resent alone, and its ACK took it alone, though
+    // more had been sent after it: everything from there was resent at once.
+    CHECK(ctr(p.b, Counter::held) == 0);
+    CHECK(ctr(p.b, Counter::seq_naks_sent) == 1);
+    CHECK(ctr(p.a, Counter::selective_resends) == 1);
+    CHECK(ctr(p.a, Counter::retransmits) > 8);
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+    // The next loss goes back N at once.
+    const uint64_t naks = ctr(p.b, Counter::seq_naks_sent);
+    REQUIRE(write_losing(p, {64 + 10}));
+    CHECK(ctr(p.b, Counter::seq_naks_sent) == naks + 1);
+    CHECK(ctr(p.a, Counter::selective_resends) == 1);
+  }
+  SECTION("a lost NAK: the probe, then go-back-N from there") {
+    const uint64_t t0 = p.net.now();
+    REQUIRE(write_losing(p, {52, 0x800000}));
+    CHECK(p.net.now() - t0 < 1'000'000);
+    CHECK(ctr(p.a, Counter::probes) == 1);   // (not one per packet)
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+    CHECK(ctr(p.a, Counter::retransmits) == 12);   // 52 alone, then 53-63
+  }
+}
+
+TEST_CASE("packets kept beyond a gap: PSN rollover, an RNR on the way, an error", "[sim]") {
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  SECTION("PSNs roll over inside the window") {
+    Pair p(33, {}, 1024, 0xffffe0, 0);
+    p.a.qp->timeout = 20;
+    REQUIRE(write_losing(p, {0xfffff0, 0x000005}));
+    CHECK(ctr(p.b, Counter::held) > 16);
+    CHECK(ctr(p.a, Counter::retransmits) == 2);
+    CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  }
+  SECTION("SENDs beyond a gap, with receives for only some of them") {
+    Pair p(34);
+    std::vector<uint8_t> tx(6 * 2000), rx(6 * 2048, 0);
+    for (size_t i = 0; i < tx.size(); i++) tx[i] = uint8_t(i * 5 + 1);
+    for (uint64_t i = 0; i < 2; i++)
+      REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 2048 * i, 2048, i)) == 0);
+    bool lost = false;
+    p.net.drop_if = [&lost](const std::vector<uint8_t> &d) {
+      if (lost || d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
+      return lost = true;   // the first request packet
+    };
+    for (uint64_t i = 0; i < 6; i++)   // two packets each
+      REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data() + 2000 * i, 2000, i)) == 0);
+    REQUIRE(p.run([&] { return ctr(p.b, Counter::rnr_naks_sent) > 0; }));
+    p.net.drop_if = nullptr;
+    CHECK(ctr(p.b, Counter::held) > 0);
+    for (uint64_t i = 2; i < 6; i++)
+      REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 2048 * i, 2048, i)) == 0);
+    std::vector<Completion> sc, rcv;
+    REQUIRE(p.collect(sc, 6, &rcv, 6));
+    for (uint64_t i = 0; i < 6; i++) {
+      CHECK(sc[i].status == WcStatus::success);
+      CHECK(rcv[i].wr_id == i);   // in order, once
+      CHECK(rcv[i].byte_len == 2000);
+      CHECK(std::memcmp(rx.data() + 2048 * i, tx.data() + 2000 * i, 2000) == 0);
+    }
+    CHECK(p.b.qp->held == 0);
+  }
+  SECTION("the responder's QP fails: what it kept goes") {
+    Pair p(35);
+    std::vector<uint8_t> target(65536, 0), src(65536, 7);
+    p.b.mem.regions[6] = {target.data(), 0, target.size(), kAccessRemoteWrite};
+    p.net.drop_if = [](const std::vector<uint8_t> &d) {   // every sending of PSN 3
+      return d[0] != uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && (wire::get_be32(d.data() + 8) & 0xffffff) == 3;
+    };
+    SendWr w;
+    w.opcode = WrOpcode::rdma_write;
+    w.rkey = 6;
+    w.num_sge = 1;
+    w.sge[0] = {src.data(), 16384};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+    REQUIRE(p.run([&] { return p.b.qp->held >= 12; }));
+    p.b.e->set_state(*p.b.qp, QpState::err);
+    CHECK(p.b.qp->held == 0);
+    p.net.drop_if = nullptr;
+    p.b.e->destroy_qp(p.b.qp);
+    p.run([] { return false; }, p.net.now() + 10'000'000);
+    CHECK(target[2 * 1024] == 7);       // taken in order before the gap
+    CHECK(target[4 * 1024] == 0);       // kept, never taken
+    CHECK(target[15 * 1024] == 0);
+  }
 }
 
 TEST_CASE("an RDMA WRITE outside the region or with a bad rkey is NAKed, nothing written", "[sim]") {

@@ -20,7 +20,7 @@ namespace usrc {
     "Max packets one QP (re)transmits per progress pass")                                  \
   X(uint32_t, rx_hold, "USRC_RX_HOLD", 64,                                                 \
     "Request packets a context keeps when they arrive beyond a lost one, to take in order"  \
-    " once it is resent (0: none; they are dropped and resent, go-back-N)")                \
+    " once it is resent (0: none; they are dropped and resent, go-back-N; at most 1024)")  \
   X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 50,                                       \
     "Progress thread keeps polling this long after the last packet it received before"    \
     " sleeping, on an otherwise idle core (0: sleep at once; ignored with"                 \

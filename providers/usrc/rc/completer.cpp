@@ -53,7 +53,9 @@ void Engine::arm_retransmit(Qp &qp) {
   arm_timer(qp.ack_deadline);
   if (!qp.srtt) return;
   uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
-  if (!qp.probed && !qp.sel_skip) rto = std::min(rto, std::max(2 * qp.srtt, kMinProbeNs));
+  const uint64_t pto = std::max(2 * qp.srtt, kMinProbeNs);
+  qp.probe_armed = pto < rto && probe_ok(qp);
+  if (qp.probe_armed) rto = pto;
   if (rto < t) {
     qp.rto_deadline = now + rto;
     arm_timer(qp.rto_deadline);
@@ -106,7 +108,7 @@ void Engine::window_acked(Qp &qp, uint32_t npkts) {
 // Every PSN up to and including psn is acknowledged (ACKs are cumulative,
 // IBA 9.7.5.1.1), except that a READ or ATOMIC completes only with its own
 // response data. Returns true if that was progress.
-bool Engine::ack_through(Qp &qp, uint32_t psn, bool nak) {
+bool Engine::ack_through(Qp &qp, uint32_t psn) {
   uint32_t new_una = psn_add(psn, 1);
   if (psn_diff(new_una, qp.una_psn) <= 0) return false;
   bool gap = false;
@@ -148,7 +150,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn, bool nak) {
     }
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
     qp.una_psn = new_una;
-    if (qp.sel_on) sel_acked(qp, nak);
+    if (qp.sel_on) sel_acked(qp);
     advanced(qp);
   }
   if (gap) implied_nak(qp);
@@ -332,7 +334,11 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
       if (code == wire::NAK_PSN_SEQ) {
         count(Counter::seq_naks_rcvd);
         window_loss(qp, false);
-        bool progress = ack_through(qp, psn_add(psn, kPsnMask), true);
+        bool progress = ack_through(qp, psn_add(psn, kPsnMask));
+        // The NAK for the packet after one resent alone, from a peer that
+        // dropped what followed it, when its ACK already had us go back
+        // N from there (sel_acked): nothing to do again.
+        if (!progress && psn == qp.sel_back_psn) return;
         if (!progress) {
           if (qp.retry_left == 0) {
             count(Counter::retry_exceeded);
@@ -379,14 +385,15 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
     }
     qp.rto_deadline = 0;
     const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs);
-    if (!qp.probed) {
+    if (qp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The
       // oldest packet alone: a peer that kept the ones after it (or has
       // it, and lost our ACK) acknowledges them all. The retransmission
       // timer runs from here.
+      qp.probe_armed = false;
       qp.probed = true;
-      if (!qp.sel_skip && resend_one(qp, qp.una_psn, true)) count(Counter::probes);
+      if (resend_one(qp, qp.una_psn, true)) count(Counter::probes);
       if (now + (rto << qp.rto_backoff) < qp.ack_deadline) {
         qp.rto_deadline = now + (rto << qp.rto_backoff);
         arm_timer(qp.rto_deadline);

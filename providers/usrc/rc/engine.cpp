@@ -16,7 +16,7 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
   ack_list_.reserve(64);
-  hold_max = tun_.rx_hold;
+  hold_max = std::min(tun_.rx_hold, kMaxHold);
 }
 
 Engine::~Engine() {
@@ -112,7 +112,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.srtt = qp.rttvar = 0;
       qp.rtt_on = false;
       qp.rto_backoff = 0;
-      qp.probed = false;
+      qp.probed = qp.probe_armed = false;
       qp.cwnd = qp.ssthresh = qp.window;
       qp.cwnd_acc = 0;
       qp.sel_on = qp.peer_keeps = false;

@@ -147,12 +147,13 @@ class Engine {
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
-  void sel_acked(Qp &qp, bool nak);
+  void sel_acked(Qp &qp);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
   void update_gate(Qp &qp, bool live = true);
   // completer.cpp
   void completer_rx(Qp &qp, const struct PacketView &p);
-  bool ack_through(Qp &qp, uint32_t psn, bool nak = false);
+  bool ack_through(Qp &qp, uint32_t psn);
+  bool probe_ok(const Qp &qp) const;
   void read_response(Qp &qp, const struct PacketView &p);
   void atomic_ack(Qp &qp, const struct PacketView &p);
   void implied_ack(Qp &qp, uint32_t psn);
@@ -273,6 +274,7 @@ class Engine {
   // hold_max of them per context, payloads of up to kHoldBytes; allocated
   // on the first one.
   static constexpr size_t kHoldBytes = 4096;   // the largest path MTU
+  static constexpr uint32_t kMaxHold = 1024;   // hold_max's cap
   struct Held {
     Qp *qp = nullptr;   // nullptr: free
     PacketView v;       // its payload in data

@@ -59,6 +59,7 @@ struct Ring {
   bool full() const { return tail - head >= cap; }
   bool empty() const { return head == tail; }
   T &front() { return slots[hi]; }   // at(head)
+  const T &front() const { return slots[hi]; }
   T &back() { return slots[ti]; }    // at(tail): the next slot to fill
   void pop() { head++, hi = hi + 1 == cap ? 0 : hi + 1; }
   void push() { tail++, ti = ti + 1 == cap ? 0 : ti + 1; }
@@ -153,12 +154,14 @@ struct Qp {
   // one per acknowledged packet up to ssthresh and by one per window above.
   uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }
-  // Selective resend (Engine::resend_one): a sequence NAK's PSN alone was
-  // resent (sel_on, sel_psn), as a peer that keeps what follows a gap
-  // needs nothing else; peer_keeps: it did so before; the next sel_skip
-  // losses go back N (a peer that did not keep them, Engine::sel_acked).
+  // Selective resend (Engine::resend_one): a sequence NAK's PSN (or, for
+  // a probe, sel_probe, una) alone was resent (sel_on, sel_psn), as a
+  // peer that keeps what follows a gap needs nothing else; peer_keeps: it
+  // did so before; the next sel_skip losses go back N (a peer that did not
+  // keep them, Engine::sel_acked).
   uint32_t sel_psn = 0;
-  bool sel_on = false, peer_keeps = false;
+  bool sel_on = false, sel_probe = false, peer_keeps = false;
+  uint32_t sel_back_psn = 0xffffffff;   // where sel_acked last went back N
   uint8_t sel_skip = 0;
 
   // Completer.
@@ -179,8 +182,9 @@ struct Qp {
   bool rtt_on = false;             // a round trip is being timed
   uint8_t rto_backoff = 0;
   // The probe (Engine::check_timers): the first expiry after progress
-  // comes after kMinProbeNs or 2 srtt and resends the oldest packet alone.
-  bool probed = false;
+  // comes after kMinProbeNs or 2 srtt and resends the oldest packet alone
+  // (probe_armed: the timer is set for it; probed: it was made).
+  bool probed = false, probe_armed = false;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
 
@@ -191,6 +195,7 @@ struct Qp {
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
   bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
   uint16_t held = 0;          // requests beyond epsn kept (Engine::hold)
+  bool hold_missed = false;   // ... and some not (no room): NAK after the drain
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)

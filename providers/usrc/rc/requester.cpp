@@ -362,6 +362,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // alone (sel_acked). A probe (check_timers) resends una the same way.
 // False: go back N.
 bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
+  if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.rnr_deadline) return false;   // (as requester_tx)
   if (qp.sel_skip && !probe) {
     qp.sel_skip--;
     return false;
@@ -375,31 +376,42 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
   build_request(qp, w, psn, psn_add(psn, 1), true);
   count(Counter::retransmits);
   qp.rtt_on = false;   // (Karn, as go_back_n)
-  if (probe) return true;   // (no evidence either way: the ACK may answer the original)
-  count(Counter::selective_resends);
+  if (probe && qp.sel_on && qp.sel_psn == psn) return true;   // (a resend of the NAK's resend)
+  if (!probe) count(Counter::selective_resends);
   qp.sel_on = true;
   qp.sel_psn = psn;
+  qp.sel_probe = probe;
   return true;
 }
 
 // una moved past a packet resent alone (Qp::sel_on). Taken with packets
-// after it: the peer keeps them (Qp::peer_keeps). Taken alone, though more
-// were sent after it: from a peer that keeps them, a NAK for the next one
-// (lost too: resend_one takes it), or an ACK (it kept none: all lost, or
-// no room), and the rest is resent now; from any other peer, it dropped
-// them: the rest is resent now and its next kSelSkip losses go back N.
-void Engine::sel_acked(Qp &qp, bool nak) {
+// after it: the peer keeps them (Qp::peer_keeps; a probe's may only answer
+// the first sending, and tells nothing). Taken alone, though more were
+// sent after it: the next one is missing too, and the rest is resent from
+// there, once, rather than one packet per round trip: a peer that keeps
+// packets lost several in a row, or had no room for them; any other peer
+// dropped them, and its next kSelSkip losses go back N at once.
+void Engine::sel_acked(Qp &qp) {
   constexpr uint8_t kSelSkip = 8;
   const int32_t past = psn_diff(qp.una_psn, qp.sel_psn);
   if (past <= 0) return;
   qp.sel_on = false;
   if (past > 1) {
-    qp.peer_keeps = true;
+    qp.peer_keeps |= !qp.sel_probe;
     return;
   }
-  if (!psn_lt(qp.una_psn, qp.tx_psn) || (nak && qp.peer_keeps)) return;
-  if (!qp.peer_keeps) qp.sel_skip = kSelSkip;
+  if (!psn_lt(qp.una_psn, qp.tx_psn)) return;
+  if (!qp.peer_keeps && !qp.sel_probe) qp.sel_skip = kSelSkip;
+  qp.sel_back_psn = qp.una_psn;   // (a NAK for it may follow: see completer_rx)
   go_back_n(qp, qp.una_psn);
+}
+
+// Whether the first retransmission-timer expiry can be a probe: una's
+// packet resent alone (resend_one). Checked when the timer is armed.
+bool Engine::probe_ok(const Qp &qp) const {
+  if (qp.probed || qp.sel_skip || qp.sq.empty()) return false;
+  const SendWqe &w = qp.sq.front();
+  return !is_rd_atomic(w.wr.opcode) && !w.placed;
 }
 
 // Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).

@@ -181,7 +181,11 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
 // everything from the NAK's PSN on finds these taken as duplicates.
 void Engine::hold(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
-  if (static_cast<uint32_t>(psn_diff(psn, qp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) return;
+  if (!hold_max) return;
+  if (static_cast<uint32_t>(psn_diff(psn, qp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) {
+    qp.hold_missed = true;
+    return;
+  }
   if (held_.empty()) held_.resize(hold_max);   // (the first loss of the context)
   Held *room = nullptr;
   for (Held &h : held_) {
@@ -191,7 +195,10 @@ void Engine::hold(Qp &qp, const PacketView &v) {
     }
     if (!h.qp && !room) room = &h;
   }
-  if (!room) return;
+  if (!room) {
+    qp.hold_missed = true;
+    return;
+  }
   if (!room->data) room->data = std::make_unique_for_overwrite<uint8_t[]>(kHoldBytes);
   std::memcpy(room->data.get(), v.p.payload, v.p.payload_len);
   room->v = v;
@@ -203,9 +210,13 @@ void Engine::hold(Qp &qp, const PacketView &v) {
 
 // After a packet was taken in order: the kept ones that follow it are
 // taken in turn, as if they arrived now (the ones left behind, dropped).
-// A gap that is left is NAKed at once: the requester resends only what
-// a NAK names, and it may wait, its window full, for this one.
+// If that leaves a gap before more kept ones (or ones there was no room
+// to keep), it is NAKed at once: the requester resent only what the last
+// NAK named, and waits, its window full. (A gap right after the packet
+// taken is not: its ACK alone tells the requester, which then resends
+// from there, see Engine::sel_acked.)
 void Engine::drain_held(Qp &qp) {
+  bool took = false;
   for (bool again = true; again && qp.held;) {
     again = false;
     for (Held &h : held_) {
@@ -220,19 +231,21 @@ void Engine::drain_held(Qp &qp) {
         return;
       }
       responder_rx(qp, h.v);
-      again = true;
+      took = again = true;
     }
   }
-  if (qp.held && !qp.nak_sent) {
+  if (took && (qp.held || qp.hold_missed) && !qp.nak_sent) {
     qp.nak_sent = true;
     send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
   }
+  if (!qp.held) qp.hold_missed = false;
 }
 
 void Engine::drop_held(Qp &qp) {
   for (Held &h : held_)
     if (h.qp == &qp) h.qp = nullptr;
   qp.held = 0;
+  qp.hold_missed = false;
 }
 
 void Engine::responder_rx(Qp &qp, const PacketView &v) {

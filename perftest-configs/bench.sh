@@ -226,6 +226,8 @@ lossrun() {   # lossrun KEY TAG [env]: R[KEY] = the median MB/s of three runs (t
   done
   R[$key]=$(echo $v | tr ' ' '\n' | sort -g | sed -n 2p)
   echo "bench: $tag: ib_write_bw 64 KB MB/s:$v" >>"$LOG/loss-runs"
+  # The device's counters so far (resends, NAKs, probes, packets kept).
+  { echo "after $tag:"; $NSX "$USRC" stats lossdev; } >>"$LOG/loss-runs"
 }
 drops() { ip netns exec $NS nft list ruleset 2>/dev/null | grep -o 'packets [0-9]*' | awk '{ s += $2 } END { print s + 0 }'; }
 lossrun loss/0 -nogso-0 USRC_GSO=1; lossrun loss/gso/0 -gso-0

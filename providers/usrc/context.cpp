@@ -284,7 +284,14 @@ void Context::progress_loop() {
       deadline = std::max(busy_until, now + (kAppQuietNs << std::min(looks_active, kMaxBackoff)));
       looks_active++;
       sleep_until_.store(0, std::memory_order_release);
+      // (app_waits() wakes us: set before its look at app_polled_ below.)
+      watching_.store(true, std::memory_order_seq_cst);
+      if (app_polled_.load(std::memory_order_seq_cst) + kAppQuietNs <= now) {
+        watching_.store(false, std::memory_order_relaxed);
+        continue;
+      }
     } else {
+      watching_.store(false, std::memory_order_relaxed);
       looks_active = 0;
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
@@ -372,12 +379,22 @@ void Context::found_completions() {
   app_polled_.store(now_ns(), std::memory_order_relaxed);
 }
 
-uint32_t Context::try_progress(const rc::Engine::DirectWc *direct) {
+void Context::app_waits() {
+  // (Against progress_loop's store of watching_ and look at app_polled_:
+  // one of the two sees the other.)
+  app_polled_.store(0, std::memory_order_seq_cst);
+  if (watching_.load(std::memory_order_seq_cst)) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+  }
+}
+
+uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling) {
   const uint64_t now = now_ns();
   // (A load and a store, not an exchange: several threads polling may
   // lose one another's time, which only needs to be recent.)
-  const uint64_t prev = app_polled_.load(std::memory_order_relaxed);
-  app_polled_.store(now, std::memory_order_relaxed);
+  const uint64_t prev = polling ? app_polled_.load(std::memory_order_relaxed) : 0;
+  if (polling) app_polled_.store(now, std::memory_order_relaxed);
   if (!engine_->mu.try_lock()) return 0;
   // ACKs may wait for the application's next call only while it polls in a
   // loop: the progress thread then looks in within USRC_APP_QUIET_US and

@@ -67,6 +67,9 @@ struct Cq {
   verbs_cq vcq;                // first: ibv_cq* converts to Cq*
   Context *ctx;
   int chan_wfd = -1;           // completion channel, writer end
+  // Armed (req_notify_cq) and its event not yet taken (cq_event): the
+  // application waits for it, and its polls meanwhile are no polling loop.
+  std::atomic<bool> waiting{false};
   int chan_rfd = -1;           // and the channel's own fd (the reader end)
   std::atomic<uint32_t> qps{0};
   struct Events final : rc::Cq::Hooks {
@@ -121,7 +124,12 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   // direct: a poller's array the pass may write receive completions into
   // (rc::Engine::DirectWc); returns how many it wrote there.
-  uint32_t try_progress(const rc::Engine::DirectWc *direct = nullptr);
+  // polling: the caller polls in a loop (not a CQ armed for an event):
+  // the progress thread stays out while it does (see progress_loop).
+  uint32_t try_progress(const rc::Engine::DirectWc *direct = nullptr, bool polling = true);
+  // The application armed a CQ and is about to wait for its event, not
+  // poll: the progress thread takes over now.
+  void app_waits();
   // The application polled a CQ without a completion channel and found
   // completions. Such a CQ is only ever polled: the caller polls in a loop
   // even if it never finds the CQ empty (the progress thread may have
@@ -156,6 +164,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sleep_until_{0};   // the progress thread's wake time
   std::atomic<uint64_t> app_polled_{0};    // when the application last polled
+  std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
   int wake_fd_ = -1;                        // eventfd
   int nl_fd_ = -1;                          // rtnetlink: the netdev's link and addresses
   unsigned ifindex_ = 0;

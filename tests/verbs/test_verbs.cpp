@@ -682,6 +682,56 @@ TEST_CASE("a polling application: the progress thread looks in rarely, and takes
   CHECK(poll(b.cq, 1, 2).size() == 1);
 }
 
+TEST_CASE("an application that waits for completion events: the progress thread takes over as it arms", "[verbs]") {
+  Dev d;
+  Channel ch(d);
+  Qp a(d, 16, ch.ch), b(d);
+  connect_pair(d, a, b);
+  ibv_sge s0{0, 0, 0};
+  // Each round: the receiver's CQ (no channel) polled, a SEND, the
+  // sender's CQ armed and polled until empty, then a wait for its event.
+  // The polls are no polling loop once the CQ is armed: the progress
+  // thread carries the SEND and its ACK at once, not after the last poll
+  // is USRC_APP_QUIET_US (1 ms) old, which made every round at least 1 ms.
+  constexpr int kRounds = 200;
+  ibv_wc wc[4];
+  size_t received = 0;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kRounds; i++) {
+    REQUIRE(post_recv(b.qp, i, nullptr, 0) == 0);
+    int k = ibv_poll_cq(b.cq, 4, wc);
+    REQUIRE(k >= 0);
+    received += size_t(k);
+    REQUIRE(post_send(a.qp, i, IBV_WR_SEND, &s0, 0, IBV_SEND_SIGNALED) == 0);
+    REQUIRE(ibv_req_notify_cq(a.cq, 0) == 0);
+    int got = ibv_poll_cq(a.cq, 4, wc);
+    if (got == 0) {
+      pollfd pf{ch.ch->fd, POLLIN, 0};
+      REQUIRE(::poll(&pf, 1, 2000) == 1);
+      ibv_cq *ev_cq = nullptr;
+      void *ev_ctx = nullptr;
+      REQUIRE(ibv_get_cq_event(ch.ch, &ev_cq, &ev_ctx) == 0);
+      ibv_ack_cq_events(ev_cq, 1);
+      got = int(poll(a.cq, 1, 2).size());
+    } else {
+      // (Taken by the poll: an event may still be pending.)
+      pollfd pf{ch.ch->fd, POLLIN, 0};
+      if (::poll(&pf, 1, 0) == 1) {
+        ibv_cq *ev_cq = nullptr;
+        void *ev_ctx = nullptr;
+        REQUIRE(ibv_get_cq_event(ch.ch, &ev_cq, &ev_ctx) == 0);
+        ibv_ack_cq_events(ev_cq, 1);
+      }
+    }
+    REQUIRE(got == 1);
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  received += poll(b.cq, kRounds - received, 2).size();
+  CHECK(received == size_t(kRounds));
+  INFO(kRounds << " event-driven rounds took " << ms << " ms");
+  CHECK(ms < kRounds / 2);   // (about 10 ms; at least 1 ms a round before)
+}
+
 TEST_CASE("completion channel: events for a usrc CQ", "[verbs]") {
   Dev d;
   ibv_comp_channel *ch = ibv_create_comp_channel(d.ctx);

@@ -1229,7 +1229,6 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
       remote = remote_init;
       p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead | kAccessRemoteWrite};
       for (uint64_t i = 0; i < 40; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 9000 * i, 9000, i)) == 0);
-      // Region halves: WRITEs into [0,200000), READs from [200000,400000).
       std::vector<std::tuple<int, uint32_t, uint32_t>> ops;   // kind, off, len
       uint32_t woff = 0, roff = 200000, nsend = 0;
       for (int i = 0; i < 60; i++) {
@@ -1239,20 +1238,16 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
         w.wr_id = i;
         w.flags = kSignaled;
         w.num_sge = 1;
-        if (kind == 0 && woff + len < 200000) {
-          w.opcode = WrOpcode::rdma_write;
-          w.remote_va = 0x100000 + woff;
+        // A WRITE from src into [0, 200000), a READ from [200000, 400000)
+        // into local.
+        uint32_t &off = kind == 0 ? woff : roff;
+        if (kind < 2 && off + len < (kind == 0 ? 200000u : 400000u)) {
+          w.opcode = kind == 0 ? WrOpcode::rdma_write : WrOpcode::rdma_read;
+          w.remote_va = 0x100000 + off;
           w.rkey = 9;
-          w.sge[0] = {src.data() + woff, len};
-          ops.push_back({0, woff, len});
-          woff += len;
-        } else if (kind == 1 && roff + len < 400000) {
-          w.opcode = WrOpcode::rdma_read;
-          w.remote_va = 0x100000 + roff;
-          w.rkey = 9;
-          w.sge[0] = {local.data() + roff, len};
-          ops.push_back({1, roff, len});
-          roff += len;
+          w.sge[0] = {(kind == 0 ? src : local).data() + off, len};
+          ops.push_back({kind, off, len});
+          off += len;
         } else if (nsend < 40) {
           w.opcode = WrOpcode::send;
           w.sge[0] = {src.data() + 200000 + nsend * 9000, len};

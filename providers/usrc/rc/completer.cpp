@@ -384,7 +384,6 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       return;
     }
     qp.rto_deadline = 0;
-    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs);
     if (qp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The
@@ -394,24 +393,21 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       qp.probe_armed = false;
       qp.probed = true;
       if (resend_one(qp, qp.una_psn, true)) count(Counter::probes);
-      if (now + (rto << qp.rto_backoff) < qp.ack_deadline) {
-        qp.rto_deadline = now + (rto << qp.rto_backoff);
-        arm_timer(qp.rto_deadline);
-      }
-      return;
+    } else {
+      // The retransmission timer: resend from una; the Local ACK Timeout
+      // keeps running and still decides retry_cnt.
+      count(Counter::rto_resends);
+      // A first expiry is a loss like a NAK's; one more without progress in
+      // between is trouble that persists (an overflowing receiver whose
+      // losses no later packet reveals): the window goes down to the minimum.
+      window_loss(qp, qp.rto_backoff > 0);
+      go_back_n(qp, qp.una_psn);
+      requester_tx(qp);
+      if (qp.rto_backoff < 30) qp.rto_backoff++;
     }
-    // The retransmission timer: resend from una; the Local ACK Timeout
-    // keeps running and still decides retry_cnt.
-    count(Counter::rto_resends);
-    // A first expiry is a loss like a NAK's; one more without progress in
-    // between is trouble that persists (an overflowing receiver whose
-    // losses no later packet reveals): the window goes down to the minimum.
-    window_loss(qp, qp.rto_backoff > 0);
-    go_back_n(qp, qp.una_psn);
-    requester_tx(qp);
-    if (qp.rto_backoff < 30) qp.rto_backoff++;
-    if (now + (rto << qp.rto_backoff) < qp.ack_deadline) {
-      qp.rto_deadline = now + (rto << qp.rto_backoff);
+    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+    if (now + rto < qp.ack_deadline) {
+      qp.rto_deadline = now + rto;
       arm_timer(qp.rto_deadline);
     }
     return;

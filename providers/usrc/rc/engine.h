@@ -146,6 +146,7 @@ class Engine {
   void ring_slot_done(size_t len, size_t seg, uint32_t n);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
+  static uint64_t wqe_of(Qp &qp, uint32_t psn);
   bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
   void sel_acked(Qp &qp);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);

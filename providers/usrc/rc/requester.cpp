@@ -368,8 +368,7 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
     return false;
   }
   if (!psn_lt(psn, qp.tx_psn)) return false;   // (not sent: sending it is a go-back)
-  uint64_t pos = qp.sq.head;
-  while (pos != qp.sq.tail && !psn_lt(psn, psn_add(qp.sq.at(pos).first_psn, qp.sq.at(pos).npkts))) pos++;
+  const uint64_t pos = wqe_of(qp, psn);
   if (pos == qp.sq.tail) return false;
   SendWqe &w = qp.sq.at(pos);
   if (is_rd_atomic(w.wr.opcode) || w.placed) return false;
@@ -414,17 +413,18 @@ bool Engine::probe_ok(const Qp &qp) const {
   return !is_rd_atomic(w.wr.opcode) && !w.placed;
 }
 
+// The SQ position of the WQE holding psn (sq.tail: none).
+uint64_t Engine::wqe_of(Qp &qp, uint32_t psn) {
+  uint64_t pos = qp.sq.head;
+  while (pos != qp.sq.tail && !psn_lt(psn, psn_add(qp.sq.at(pos).first_psn, qp.sq.at(pos).npkts))) pos++;
+  return pos;
+}
+
 // Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).
 void Engine::go_back_n(Qp &qp, uint32_t psn) {
   qp.tx_psn = psn;
   qp.rtt_on = false;   // an ACK from now on may answer a resend (Karn)
-  uint64_t pos = qp.sq.head;
-  while (pos != qp.sq.tail) {
-    SendWqe &w = qp.sq.at(pos);
-    if (psn_lt(psn, psn_add(w.first_psn, w.npkts))) break;
-    pos++;
-  }
-  qp.tx_pos = pos;
+  qp.tx_pos = wqe_of(qp, psn);
 }
 
 }  // namespace usrc::rc

@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "usrc/common/copy.h"
+#include "usrc/common/guard.h"
 
 namespace usrc::net {
 
@@ -541,17 +542,20 @@ void ShmNic::publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t 
 
 // Copies the next len bytes at the iovec cursor into a claimed slot, as
 // datagrams of seg bytes (0: one datagram); the cursor moves past them
-// whether or not a slot was free.
+// whether or not a slot was free. A source the application unmapped
+// (guard.h) leaves the slot an empty datagram, dropped: not sent.
 bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg) {
   uint64_t pos = 0;
   ShmSlot *s = len <= kSlotData ? claim(r, &pos) : nullptr;
   uint8_t *dst = s ? s->data : nullptr;
   for (size_t need = len; need;) {
     const size_t take = std::min(iov->iov_len - off, need);
-    if (dst) {
-      std::memcpy(dst, static_cast<const uint8_t *>(iov->iov_base) + off, take);
-      dst += take;
+    if (dst && !guard::copy(dst, static_cast<const uint8_t *>(iov->iov_base) + off, take)) {
+      publish(*s, pos, src, 0, 0);
+      s = nullptr;
+      dst = nullptr;
     }
+    if (dst) dst += take;
     need -= take;
     off += take;
     if (off == iov->iov_len) iov++, off = 0;

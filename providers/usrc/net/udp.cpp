@@ -1,5 +1,6 @@
 #include "usrc/net/udp.h"
 
+#include "usrc/common/guard.h"
 #include "usrc/common/log.h"
 
 #include <arpa/inet.h>
@@ -187,7 +188,10 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
         gso_segs_ = 1;
       }
       // An unreachable or refused peer must not stall the others: skip the
-      // head packet; the transport's retransmission covers it.
+      // head packet; the transport's retransmission covers it. (A payload
+      // the application unmapped: the kernel's copy faulted, the
+      // transport's look at its sources finds it, as for a guarded copy.)
+      if (errno == EFAULT) guard::note_fault();
       done++;
       continue;
     }

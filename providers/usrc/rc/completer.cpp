@@ -2,6 +2,7 @@
 // Timeout and RNR timers, and decides retries (IBA 9.7.5.1, 9.7.6).
 #include <cstring>
 
+#include "usrc/common/guard.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
@@ -202,7 +203,8 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
       continue;
     }
     uint32_t n = std::min(g.length - skip, left);
-    std::memcpy(g.addr + skip, src, n);
+    // (The buffer unmapped: a local protection error, IBA 10.8.3.1.)
+    if (!guard::copy(g.addr + skip, src, n)) return fail_head(qp, WcStatus::loc_prot_err);
     src += n;
     left -= n;
     skip = 0;
@@ -230,7 +232,8 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
     return;
   }
   uint64_t orig = v.p.h.atomic_ack;
-  std::memcpy(w.wr.sge[0].addr, &orig, sizeof orig);   // host order, as rxe does
+  if (!guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
+    return fail_head(qp, WcStatus::loc_prot_err);
   qp.una_psn = psn_add(psn, 1);
   complete_head(qp);
   advanced(qp);

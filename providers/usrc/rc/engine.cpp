@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "usrc/common/guard.h"
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
 #include "usrc/rc/packet_view.h"
@@ -15,6 +16,8 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
     : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
+  guard::install();
+  faults_seen_ = guard::faults();
   ack_list_.reserve(64);
   hold_max = std::min(tun_.rx_hold, kMaxHold);
 }
@@ -259,6 +262,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   const bool in_flight = qp.una_psn != qp.tx_high;
   if (!send_single(qp, w)) requester_tx(qp);
   if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
+  check_faults();
 }
 
 // Direct placement (net::Nic::place): an RDMA WRITE to a peer on this host
@@ -354,7 +358,29 @@ size_t Engine::progress(bool app, uint64_t now) {
     return received;
   }
   tx_flush();
+  check_faults();
   return received;
+}
+
+// A guarded copy faulted since the last look (guard.h): a request's
+// payload read from memory no longer mapped did not go (the engine's
+// copies and the NIC's drop the packet). Each QP whose oldest WQE reads
+// such memory completes it with a local protection error (IBA 10.8.3.1,
+// the QP to the error state). A WQE behind others fails once it is the
+// oldest: until then its packets are resent, and fault again.
+void Engine::source_faults() {
+  faults_seen_ = guard::faults();
+  for (Qp *qp : live_) {
+    if (qp->linger_until || qp->sq.empty() || (qp->state != QpState::rts && qp->state != QpState::sqd))
+      continue;
+    const SendWqe &w = qp->sq.front();
+    if (w.placed || is_rd_atomic(w.wr.opcode)) continue;   // (no payload of its own)
+    for (uint32_t i = 0; i < w.wr.num_sge; i++)
+      if (!guard::readable(w.wr.sge[i].addr, w.wr.sge[i].length)) {
+        fail_head(*qp, WcStatus::loc_prot_err);
+        break;
+      }
+  }
 }
 
 // Whether every QP with an ACK to send posted a send WR since the last
@@ -463,10 +489,11 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     hdr_len += payload_len;   // (the caller copied it behind the headers)
     payload_len = 0;
   } else if (payload_len <= kTxCopy) {
-    // A small payload goes behind the headers (see kTxCopy).
+    // A small payload goes behind the headers (see kTxCopy). From a
+    // buffer unmapped: not sent (see source_faults).
     uint8_t *p = s.hdr + hdr_len;
     for (size_t i = 1; i <= pieces; i++) {
-      std::memcpy(p, s.iov[i].iov_base, s.iov[i].iov_len);
+      if (!guard::copy(p, s.iov[i].iov_base, s.iov[i].iov_len)) return;
       p += s.iov[i].iov_len;
     }
     hdr_len += payload_len;
@@ -511,7 +538,9 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     n = 1 + pieces;
     std::memset(s.trailer, 0, 4);
     if (pad) s.iov[n++] = {s.trailer, pad};
-    const uint32_t crc = icrc ? wire::icrc_ipv4(pseudo(), s.iov, n) : 0;
+    // (The payload is the application's memory: unmapped, not sent.)
+    uint32_t crc = 0;
+    if (icrc && !guard::run([&] { crc = wire::icrc_ipv4(pseudo(), s.iov, n); })) return;
     if (pad) {
       wire::store_icrc(s.trailer + pad, crc);
       s.iov[n - 1].iov_len = pad + wire::kIcrcLen;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "usrc/common/guard.h"
 #include "usrc/common/lock.h"
 #include "usrc/common/tunables.h"
 #include "usrc/device.h"
@@ -172,6 +173,7 @@ class Engine {
   size_t fast_sends(const net::RxPacket *pkts, size_t n);
   void responder_rx(Qp &qp, const struct PacketView &p);
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev);
   bool ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn);
   void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);
@@ -189,6 +191,12 @@ class Engine {
   void push(Cq *cq, const Completion &c);
   void arm_timer(uint64_t deadline);
   void check_drained(Qp &qp);
+  // After a step that sent: a guarded copy that faulted fails its WQE.
+  void check_faults() {
+    if (guard::faults() != faults_seen_) [[unlikely]] source_faults();
+  }
+  void source_faults();
+  uint64_t faults_seen_ = 0;
   struct TxSlot;
   TxSlot &tx_slot();
   void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces);

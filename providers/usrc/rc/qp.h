@@ -213,7 +213,11 @@ struct Qp {
   };
   AtomicRes res[kMaxRdAtomic];
   uint32_t res_next = 0;
-  uint8_t *write_ptr = nullptr;
+  // The RDMA WRITE being received: where its next byte goes, through
+  // which rkey (resolved again for every packet: an MR deregistered in the
+  // middle of the message takes no more of it).
+  uint64_t write_va = 0;
+  uint32_t write_rkey = 0;
   uint32_t write_left = 0;
   uint32_t write_len = 0;
 };

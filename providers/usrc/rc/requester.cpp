@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "usrc/common/copy.h"
+#include "usrc/common/guard.h"
 #include "usrc/common/tunables.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
@@ -203,6 +204,7 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
     Pass pass(*this, 0);   // (as post_slot's)
     requester_tx(qp);
     tx_flush();
+    check_faults();
   }
 }
 
@@ -246,7 +248,8 @@ bool Engine::send_direct(Qp &qp) {
     wire::put_be32(p + 8, 0x80000000u | psn);
     uint8_t *const q = put_ext(*w, w->has_reth, w->has_imm, p + wire::kBthLen);
     const uint32_t len = w->length;
-    if (len) copy_small(q, w->wr.sge[0].addr, len);
+    // (Its buffer unmapped: not sent, see Engine::source_faults.)
+    if (len && !guard::copy(q, w->wr.sge[0].addr, len)) break;
     std::memset(q + len, 0, 4);           // pad,
     std::memset(p + total - 4, 0, 4);     // ICRC
     p += total;
@@ -254,7 +257,8 @@ bool Engine::send_direct(Qp &qp) {
     k++;
     if (++w == end) w = begin;
   } while (k < most && total == seg && w->small);   // (a shorter one ends the slot)
-  ring_slot_done(static_cast<size_t>(p - base), seg, k);
+  ring_slot_done(static_cast<size_t>(p - base), seg, k);   // (none: an empty datagram, dropped)
+  if (!k) return false;
   sent_run(qp, k);
   if (!qp.ack_deadline) arm_retransmit(qp);
   return true;
@@ -333,9 +337,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
                            s.hdr);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
-    // A small message in one buffer: copied behind the headers here.
-    copy_small(p, w.wr.sge[0].addr, len);
-    return tx_commit(qp, hl, len, 0);
+    // A small message in one buffer: copied behind the headers here (its
+    // buffer unmapped: not sent, see Engine::source_faults).
+    if (guard::copy(p, w.wr.sge[0].addr, len)) tx_commit(qp, hl, len, 0);
+    return;
   }
   // Gather the payload straight from the registered buffers (no copy).
   size_t pieces = 0;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "usrc/common/copy.h"
+#include "usrc/common/guard.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
@@ -49,6 +50,15 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
   tx_commit(qp, hl, 0, 0);
 }
 
+// A request the responder cannot execute (IBA 9.7.5.2.4, the NAK codes):
+// NAKed with code, the QP to the error state, the async event ev.
+void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
+  send_ack(qp, wire::aeth_nak(code), psn);
+  qp.nak_sent = true;
+  set_state(qp, QpState::err);
+  if (hooks_) hooks_->qp_event(qp, ev);
+}
+
 void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
   const RecvWqe &r = qp.rq.front();
@@ -57,8 +67,9 @@ void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool 
   qp.rq.pop();
 }
 
-// Scatter len bytes at offset off of the receive WQE's buffers.
-[[gnu::noinline]] static void scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
+// Scatter len bytes at offset off of the receive WQE's buffers; false if
+// one of them is no longer mapped (guard.h).
+[[gnu::noinline]] static bool scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
   for (uint32_t i = 0; i < r.wr.num_sge && len; i++) {
     const Sge &g = r.wr.sge[i];
     if (off >= g.length) {
@@ -66,11 +77,12 @@ void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool 
       continue;
     }
     uint32_t n = std::min(g.length - off, len);
-    std::memcpy(g.addr + off, src, n);
+    if (!guard::copy(g.addr + off, src, n)) return false;
     src += n;
     len -= n;
     off = 0;
   }
+  return true;
 }
 
 // The common request on its own short path: SEND ONLYs (with or without
@@ -132,8 +144,9 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if ((w1 & 0xffffff) != qpn || pkt.src != src || (w2 & 0xffffff) != epsn) break;
     const uint32_t len = body - pad;
     if (len > pmtu || len > r->length) break;
-    if (r->wr.num_sge == 1 && len <= kTxCopy) copy_small(r->wr.sge[0].addr, b + hl, len);   // (the common receive)
-    else scatter(*r, 0, b + hl, len);
+    // (A receive buffer unmapped: the general path fails it.)
+    if (!(r->wr.num_sge == 1 ? guard::copy(r->wr.sge[0].addr, b + hl, len) : scatter(*r, 0, b + hl, len)))
+      break;
     uint32_t imm_be = 0;
     if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
     if (out != out_end) {
@@ -346,34 +359,41 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
       invalid();
       return;
     }
-    scatter(r, qp.recv_offset, v.p.payload, len);
+    if (!scatter(r, qp.recv_offset, v.p.payload, len)) {
+      // The receive buffer was unmapped: the WQE completes with a local
+      // protection error (which says it: no async event), the requester
+      // gets a remote operational error.
+      complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
+      send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_OP), psn);
+      qp.nak_sent = true;
+      set_state(qp, QpState::err);
+      return;
+    }
     qp.recv_offset += len;
   } else {
     if (first) {
       const wire::Reth &reth = v.p.h.reth;
       qp.write_len = qp.write_left = reth.dma_len;
-      qp.write_ptr = nullptr;
-      if (reth.dma_len) {
-        qp.write_ptr = (qp.access & kAccessRemoteWrite)
-                           ? mem_->resolve(qp.pd, reth.rkey, reth.va, reth.dma_len,
-                                           kAccessRemoteWrite)
-                           : nullptr;
-        if (!qp.write_ptr) {
-          // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
-          send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
-          qp.nak_sent = true;
-          set_state(qp, QpState::err);
-          if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
-          return;
-        }
-      }
+      qp.write_va = reth.va;
+      qp.write_rkey = reth.rkey;
     }
     if (len > qp.write_left || (last && len != qp.write_left)) {
       invalid();
       return;
     }
-    if (len) std::memcpy(qp.write_ptr, v.p.payload, len);
-    qp.write_ptr += len;
+    // Every packet resolves the rkey (a FIRST the whole message's range):
+    // the MR may have been deregistered since the one before (after
+    // ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
+    // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
+    if (qp.write_left) {
+      uint8_t *const to = (qp.access & kAccessRemoteWrite)
+                              ? mem_->resolve(qp.pd, qp.write_rkey, qp.write_va,
+                                              first ? qp.write_left : len, kAccessRemoteWrite)
+                              : nullptr;
+      if (!to || (len && !guard::copy(to, v.p.payload, len)))
+        return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
+    }
+    qp.write_va += len;
     qp.write_left -= len;
   }
 
@@ -443,7 +463,7 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     // its end, as for a new request.
     uint8_t *p = r.dma_len && (qp.access & kAccessRemoteRead)
                      ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
-    if (r.dma_len && !p) return;
+    if (r.dma_len && (!p || !guard::readable(p, r.dma_len))) return;
     uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu);
     if (psn_lt(qp.epsn, end)) {
       qp.epsn = end;
@@ -457,13 +477,10 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
   if (r.dma_len) {
     p = (qp.access & kAccessRemoteRead)
             ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
-    if (!p) {
-      send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
-      qp.nak_sent = true;
-      set_state(qp, QpState::err);
-      if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
-      return;
-    }
+    // (Its pages mapped, looked at now; unmapped later, the NIC's guarded
+    // copy drops the response and the resent READ finds them gone.)
+    if (!p || !guard::readable(p, r.dma_len))
+      return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
   }
   uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu;
   qp.epsn = psn_add(qp.epsn, n);
@@ -492,21 +509,18 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   }
   uint8_t *p = (qp.access & kAccessRemoteAtomic)
                    ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
-  if (!p) {
-    send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_ACCESS), psn);
-    qp.nak_sent = true;
-    set_state(qp, QpState::err);
-    if (hooks_) hooks_->qp_event(qp, QpEvent::access_err);
-    return;
-  }
   auto *word = reinterpret_cast<uint64_t *>(p);
-  uint64_t orig;
-  if (v.opcode() == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP)) {
-    orig = a.compare;
-    __atomic_compare_exchange_n(word, &orig, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-  } else {
-    orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
-  }
+  uint64_t orig = 0;
+  const bool cas = v.opcode() == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP);
+  if (!p || !guard::run([&] {   // (its page unmapped: an access error)
+        if (cas) {
+          orig = a.compare;
+          __atomic_compare_exchange_n(word, &orig, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        } else {
+          orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
+        }
+      }))
+    return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
   // The last max_dest_rd_atomic results are kept (responder resources).
   qp.res[qp.res_next++ % qp.max_dest_rd_atomic] = {true, psn, orig};
   qp.epsn = psn_add(qp.epsn, 1);

@@ -1222,7 +1222,9 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
       p.a.qp->max_rd_atomic = 4;
       p.b.qp->access = kAccessRemoteRead | kAccessRemoteWrite;
       std::mt19937 rng(seed);
-      std::vector<uint8_t> remote(400000, 0), local(400000, 0), src(400000), rx(40 * 9000, 0);
+      // src: what WRITEs take, [0, 200000), then what the 40 SENDs take,
+      // 9000 bytes each (the largest message).
+      std::vector<uint8_t> remote(400000, 0), local(400000, 0), src(200000 + 40 * 9000), rx(40 * 9000, 0);
       for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(rng());
       std::vector<uint8_t> remote_init(400000);
       for (auto &x : remote_init) x = uint8_t(rng());
@@ -1230,6 +1232,7 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
       p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead | kAccessRemoteWrite};
       for (uint64_t i = 0; i < 40; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 9000 * i, 9000, i)) == 0);
       std::vector<std::tuple<int, uint32_t, uint32_t>> ops;   // kind, off, len
+      std::vector<uint64_t> ids;                               // their wr_ids, as posted
       uint32_t woff = 0, roff = 200000, nsend = 0;
       for (int i = 0; i < 60; i++) {
         int kind = int(rng() % 3);
@@ -1257,18 +1260,29 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
           continue;
         }
         REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+        ids.push_back(w.wr_id);
       }
       std::vector<Completion> sc, rcv;
       INFO("sent " << p.net.stats.sent << " dropped " << p.net.stats.dropped);
       REQUIRE(p.collect(sc, ops.size(), &rcv, nsend));
-      for (auto &c : sc) REQUIRE(c.status == WcStatus::success);
+      // Every send completion once, in the order posted (IBA 10.8.6).
+      REQUIRE(sc.size() == ops.size());
+      for (size_t i = 0; i < sc.size(); i++) {
+        REQUIRE(sc[i].status == WcStatus::success);
+        REQUIRE(sc[i].wr_id == ids[i]);
+      }
+      std::vector<uint32_t> sent_len;
       for (auto &[kind, off, len] : ops) {
         if (kind == 0) REQUIRE(std::memcmp(remote.data() + off, src.data() + off, len) == 0);
         if (kind == 1) REQUIRE(std::memcmp(local.data() + off, remote_init.data() + off, len) == 0);
+        if (kind == 2) sent_len.push_back(len);
       }
+      REQUIRE(rcv.size() == nsend);
       for (uint32_t i = 0; i < nsend; i++) {
         REQUIRE(rcv[i].wr_id == i);
-        REQUIRE(std::memcmp(rx.data() + 9000 * i, src.data() + 200000 + 9000 * i, rcv[i].byte_len) == 0);
+        REQUIRE(rcv[i].status == WcStatus::success);
+        REQUIRE(rcv[i].byte_len == sent_len[i]);
+        REQUIRE(std::memcmp(rx.data() + 9000 * i, src.data() + 200000 + 9000 * i, sent_len[i]) == 0);
       }
     }
   }

@@ -451,9 +451,9 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
       m.key == key && at >= m.base && len <= m.len && at - m.base <= m.len - len) {
     auto *to = reinterpret_cast<uint8_t *>(m.addr + (at - m.base));
     if (d.self == process_self()) {   // a context of this process
-      for (size_t i = 0; i < iovcnt; to += iov[i].iov_len, i++)
-        std::memcpy(to, iov[i].iov_base, iov[i].iov_len);
-      ok = true;
+      ok = true;   // (either side unmapped, guard.h: sent instead, and failed there)
+      for (size_t i = 0; i < iovcnt && ok; to += iov[i].iov_len, i++)
+        ok = guard::copy(to, iov[i].iov_base, iov[i].iov_len);
     } else if (d.pidns_dev == own_->dir.pidns_dev && d.pidns_ino == own_->dir.pidns_ino &&
                owner_alive(d)) {   // (our own ring's: our pid namespace)
       const iovec remote{to, len};

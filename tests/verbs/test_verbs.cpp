@@ -1778,3 +1778,154 @@ TEST_CASE("a placed WRITE whose target stops answering: success, then QP_FATAL a
   ibv_dereg_mr(m);
   for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
+
+// A stream of multi-packet RDMA WRITEs, each of its own bytes, and the
+// target MR deregistered while one is on its way: once ibv_dereg_mr
+// returns the memory does not change any more (the rest of the message is
+// NAKed, not written where the MR was), and the requester's WRITE in
+// flight completes with REM_ACCESS_ERR.
+TEST_CASE("multi-packet RDMA WRITEs racing ibv_dereg_mr: nothing lands after it returns", "[verbs]") {
+  Dev d;
+  Qp a(d, 64), b(d, 64);
+  Params p;
+  connect_pair(d, a, b, p, p);
+  constexpr size_t kMsg = 1 << 20, kSlots = 4, kWrites = 32;
+  std::vector<uint8_t> src(kMsg * kWrites), dst(kMsg * kSlots, 0);
+  for (size_t i = 0; i < kWrites; i++) std::memset(src.data() + i * kMsg, int(i + 1), kMsg);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), 0);
+  ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  REQUIRE(ms);
+  REQUIRE(md);
+  for (size_t i = 0; i < kWrites; i++) {
+    ibv_sge s{uintptr_t(src.data() + i * kMsg), uint32_t(kMsg), ms->lkey};
+    REQUIRE(post_send(a.qp, i, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+                      uintptr_t(dst.data() + (i % kSlots) * kMsg), md->rkey) == 0);
+  }
+  // The first WRITE done: the stream is under way.
+  auto wc = poll(a.cq, 1, 60);
+  REQUIRE(wc.size() == 1);
+  REQUIRE(wc[0].status == IBV_WC_SUCCESS);
+  REQUIRE(ibv_dereg_mr(md) == 0);
+  const std::vector<uint8_t> snap = dst;
+  // Every WRITE completes: the ones before the deregistration with
+  // success, the one it interrupted (or the next) with REM_ACCESS_ERR,
+  // the rest flushed. Meanwhile the memory stays as it was.
+  auto more = poll(a.cq, kWrites - 1, 60);
+  REQUIRE(more.size() == kWrites - 1);
+  size_t i = 0;
+  while (i < more.size() && more[i].status == IBV_WC_SUCCESS) i++;
+  REQUIRE(i < more.size());
+  CHECK(remote_error(more[i].status, IBV_WC_REM_ACCESS_ERR));
+  for (i++; i < more.size(); i++) CHECK(more[i].status == IBV_WC_WR_FLUSH_ERR);
+  usleep(100000);   // (anything still on its way would land by now)
+  size_t changed = 0;
+  for (size_t k = 0; k < dst.size(); k++) changed += dst[k] != snap[k];
+  CHECK(changed == 0);
+  CHECK(ibv_dereg_mr(ms) == 0);
+}
+
+// Registered memory (not ODP) unmapped while registered: a WRITE into it,
+// a READ from it and an ATOMIC on it are refused by the responder
+// (REM_ACCESS_ERR), a multi-packet one and a small one; no signal.
+TEST_CASE("WRITE, READ and ATOMIC on registered memory that was unmapped: REM_ACCESS_ERR, no signal", "[verbs]") {
+  Dev d;
+  const size_t len = 64 * 1024;
+  auto *region = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(region != MAP_FAILED);
+  ibv_mr *mr = ibv_reg_mr(d.pd, region, len,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                              IBV_ACCESS_REMOTE_ATOMIC);
+  REQUIRE(mr);
+  REQUIRE(munmap(region, len) == 0);
+  std::vector<uint8_t> buf(8000, 0x3c);
+  ibv_mr *mb = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mb);
+  Params p;
+  p.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  p.retry = getenv("USRC_TEST_LOSSY") ? 7 : 1;
+  struct Op {
+    ibv_wr_opcode op;
+    uint32_t len;
+  };
+  for (Op op : {Op{IBV_WR_RDMA_WRITE, 5000}, Op{IBV_WR_RDMA_WRITE, 40}, Op{IBV_WR_RDMA_READ, 5000},
+                Op{IBV_WR_ATOMIC_FETCH_AND_ADD, 8}}) {
+    INFO("opcode " << op.op << ", " << op.len << " bytes");
+    Qp a(d), b(d);
+    connect_pair(d, a, b, p, p);
+    ibv_sge s{uintptr_t(buf.data()), op.len, mb->lkey};
+    ibv_send_wr wr{}, *bad;
+    wr.wr_id = 1;
+    wr.opcode = op.op;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    if (op.op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      wr.wr.atomic.remote_addr = uintptr_t(region) + 4096;
+      wr.wr.atomic.rkey = mr->rkey;
+      wr.wr.atomic.compare_add = 1;
+    } else {
+      wr.wr.rdma.remote_addr = uintptr_t(region) + 100;
+      wr.wr.rdma.rkey = mr->rkey;
+    }
+    REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+    auto wc = poll(a.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(remote_error(wc[0].status, IBV_WC_REM_ACCESS_ERR));
+  }
+  CHECK(ibv_dereg_mr(mr) == 0);
+  CHECK(ibv_dereg_mr(mb) == 0);
+}
+
+// The same for the local side: a SEND whose source (a registered buffer,
+// not ODP) was unmapped completes with LOC_PROT_ERR, over whichever path
+// the peer takes (the shared-memory ring on this host), small and
+// multi-packet; a receive buffer unmapped completes with LOC_PROT_ERR and
+// the requester gets REM_OP_ERR. No signal.
+TEST_CASE("SEND from or into registered memory that was unmapped: LOC_PROT_ERR, no signal", "[verbs]") {
+  Dev d;
+  const size_t len = 64 * 1024;
+  auto *region = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(region != MAP_FAILED);
+  std::memset(region, 7, len);
+  ibv_mr *mr = ibv_reg_mr(d.pd, region, len, IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mr);
+  REQUIRE(munmap(region, len) == 0);
+  std::vector<uint8_t> buf(len, 0);
+  ibv_mr *mb = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(mb);
+  Params p;
+  p.retry = getenv("USRC_TEST_LOSSY") ? 7 : 1;
+  for (uint32_t n : {64u, 200u, 1000u, 5000u, 60000u}) {
+    INFO(n << " bytes from unmapped memory");
+    Qp a(d), b(d);
+    connect_pair(d, a, b, p, p);
+    ibv_sge r{uintptr_t(buf.data()), uint32_t(buf.size()), mb->lkey};
+    REQUIRE(post_recv(b.qp, 1, &r, 1) == 0);
+    ibv_sge s{uintptr_t(region), n, mr->lkey};
+    REQUIRE(post_send(a.qp, 2, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+    auto wc = poll(a.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(wc[0].wr_id == 2);
+    CHECK(wc[0].status == IBV_WC_LOC_PROT_ERR);
+    CHECK(poll(b.cq, 1, 0.1).empty());   // (nothing arrived)
+  }
+  for (uint32_t n : {64u, 5000u}) {
+    INFO(n << " bytes into unmapped memory");
+    Qp a(d), b(d);
+    connect_pair(d, a, b, p, p);
+    ibv_sge r{uintptr_t(region), uint32_t(len), mr->lkey};
+    REQUIRE(post_recv(b.qp, 1, &r, 1) == 0);
+    ibv_sge s{uintptr_t(buf.data()), n, mb->lkey};
+    REQUIRE(post_send(a.qp, 2, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+    auto wc = poll(a.cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(remote_error(wc[0].status, IBV_WC_REM_OP_ERR));
+    auto rc = poll(b.cq, 1);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].status == IBV_WC_LOC_PROT_ERR);
+  }
+  CHECK(ibv_dereg_mr(mr) == 0);
+  CHECK(ibv_dereg_mr(mb) == 0);
+}

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #ifdef USRC_GUARD_ASM
 // usrc_guarded_copy(dst, src, n): a leaf (no stack use, so the fault return
@@ -158,15 +159,22 @@ void on_fault(int sig, siginfo_t *si, void *uc) {
 }  // namespace
 
 void install() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // Again if someone replaced it since (and restored what was there
+  // before us, as a test framework does around each test): ours goes in
+  // front of whatever is there now.
+  static std::mutex mu;
+  std::lock_guard g(mu);
+  for (auto [sig, prev] : {std::pair{SIGSEGV, &prev_segv}, std::pair{SIGBUS, &prev_bus}}) {
+    struct sigaction now {};
+    if (sigaction(sig, nullptr, &now) != 0) continue;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_fault) continue;
     struct sigaction sa {};
     sa.sa_sigaction = on_fault;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGSEGV, &sa, &prev_segv);
-    sigaction(SIGBUS, &sa, &prev_bus);
-  });
+    *prev = now;   // (before ours is in: a fault meanwhile finds it)
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 #ifndef USRC_GUARD_ASM

@@ -23,8 +23,10 @@
 
 namespace usrc::guard {
 
-// Installs the handler (once per process; later calls return at once).
-// Until then guarded copies still copy, unguarded.
+// Installs the handler, unless it is in place already (each context open
+// and engine creation asks). Until then guarded copies still copy,
+// unguarded; an application that replaces the SIGSEGV handler afterwards
+// without chaining loses the guard until the next open.
 void install();
 
 struct Scope {

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
 extern "C" const verbs_device_ops usrc_device_ops;
@@ -77,7 +78,14 @@ usrc_create_comp_channel(ibv_context *ctx) {
   ch->fd = sv[0];
   ch->refcnt = 0;
   std::lock_guard g(g_mu);
-  g_writers[ch] = sv[1];
+  int e = 0;
+  if (!no_throw([&] { g_writers[ch] = sv[1]; }, &e)) {   // (boundary.h)
+    close(sv[0]);
+    close(sv[1]);
+    free(ch);
+    errno = e;
+    return nullptr;
+  }
   return ch;
 }
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 
+#include "usrc/boundary.h"
 #include "usrc/common/log.h"
 #include "usrc/usrc.h"
 
@@ -287,21 +288,21 @@ ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *a) {
   // libibverbs fills context, channel (and its reference), cq_context and
   // the event counters after this returns, as for ibv_create_cq.
   ibv_cq_ex &x = to_cq(c)->vcq.cq_ex;
-  x.start_poll = start_poll;
-  x.next_poll = next_poll;
-  x.end_poll = end_poll;
-  x.read_opcode = read_opcode;
-  x.read_vendor_err = read_vendor_err;
-  x.read_byte_len = read_byte_len;
-  x.read_imm_data = read_imm_data;
-  x.read_qp_num = read_qp_num;
-  x.read_src_qp = read_src_qp;
-  x.read_wc_flags = read_wc_flags;
-  x.read_slid = read_slid;
-  x.read_sl = read_sl;
-  x.read_dlid_path_bits = read_dlid_path_bits;
-  x.read_completion_ts = read_completion_ts;
-  x.read_completion_wallclock_ns = read_completion_wallclock_ns;
+  x.start_poll = at_boundary<start_poll>;
+  x.next_poll = at_boundary<next_poll>;
+  x.end_poll = at_boundary<end_poll>;
+  x.read_opcode = at_boundary<read_opcode>;
+  x.read_vendor_err = at_boundary<read_vendor_err>;
+  x.read_byte_len = at_boundary<read_byte_len>;
+  x.read_imm_data = at_boundary<read_imm_data>;
+  x.read_qp_num = at_boundary<read_qp_num>;
+  x.read_src_qp = at_boundary<read_src_qp>;
+  x.read_wc_flags = at_boundary<read_wc_flags>;
+  x.read_slid = at_boundary<read_slid>;
+  x.read_sl = at_boundary<read_sl>;
+  x.read_dlid_path_bits = at_boundary<read_dlid_path_bits>;
+  x.read_completion_ts = at_boundary<read_completion_ts>;
+  x.read_completion_wallclock_ns = at_boundary<read_completion_wallclock_ns>;
   return &x;
 }
 

@@ -8,39 +8,41 @@
 #include <new>
 #include <sstream>
 
+#include "usrc/boundary.h"
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
 
+// Every op behind at_boundary (boundary.h): no exception reaches libibverbs.
 static const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
-  o.alloc_dm = alloc_dm;
-  o.alloc_pd = alloc_pd;
-  o.async_event = async_event_op;
-  o.cq_event = cq_event;
-  o.create_cq = create_cq;
-  o.create_cq_ex = create_cq_ex;
-  o.create_qp = create_qp;
-  o.create_qp_ex = create_qp_ex;
-  o.dealloc_pd = dealloc_pd;
-  o.dereg_mr = dereg_mr;
-  o.destroy_cq = destroy_cq;
-  o.destroy_qp = destroy_qp;
-  o.free_dm = free_dm;
-  o.modify_qp = modify_qp;
-  o.poll_cq = poll_cq;
-  o.post_recv = post_recv;
-  o.post_send = post_send;
-  o.query_device_ex = query_device_ex;
-  o.query_port = query_port;
-  o.query_rt_values = query_rt_values;
-  o.query_qp = query_qp;
-  o.reg_dm_mr = reg_dm_mr;
-  o.reg_mr = reg_mr;
-  o.req_notify_cq = req_notify_cq;
-  o.resize_cq = resize_cq;
+  o.alloc_dm = at_boundary<alloc_dm>;
+  o.alloc_pd = at_boundary<alloc_pd>;
+  o.async_event = at_boundary<async_event_op>;
+  o.cq_event = at_boundary<cq_event>;
+  o.create_cq = at_boundary<create_cq>;
+  o.create_cq_ex = at_boundary<create_cq_ex>;
+  o.create_qp = at_boundary<create_qp>;
+  o.create_qp_ex = at_boundary<create_qp_ex>;
+  o.dealloc_pd = at_boundary<dealloc_pd>;
+  o.dereg_mr = at_boundary<dereg_mr>;
+  o.destroy_cq = at_boundary<destroy_cq>;
+  o.destroy_qp = at_boundary<destroy_qp>;
+  o.free_dm = at_boundary<free_dm>;
+  o.modify_qp = at_boundary<modify_qp>;
+  o.poll_cq = at_boundary<poll_cq, true>;
+  o.post_recv = at_boundary<post_recv>;
+  o.post_send = at_boundary<post_send>;
+  o.query_device_ex = at_boundary<query_device_ex>;
+  o.query_port = at_boundary<query_port>;
+  o.query_rt_values = at_boundary<query_rt_values>;
+  o.query_qp = at_boundary<query_qp>;
+  o.reg_dm_mr = at_boundary<reg_dm_mr>;
+  o.reg_mr = at_boundary<reg_mr>;
+  o.req_notify_cq = at_boundary<req_notify_cq>;
+  o.resize_cq = at_boundary<resize_cq>;
   return o;
 }();
 
@@ -68,7 +70,10 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
     close(ro);
   }
   std::string err;
-  c->impl = Context::open(*dev->cfg, &err);
+  // (Out of memory or threads: ENOMEM or EAGAIN, not an exception.)
+  int e = ENODEV;
+  c->impl = nullptr;
+  if (!no_throw([&] { c->impl = Context::open(*dev->cfg, &err); }, &e)) err.clear();
   if (!c->impl) {
     // An empty message: a refusal that is expected (see net/ofi.cpp).
     if (!err.empty()) {
@@ -77,7 +82,7 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
     }
     verbs_uninit_context(&c->vctx);
     free(c);
-    errno = ENODEV;
+    errno = e;
     return nullptr;
   }
   c->vctx.context.async_fd = c->impl->async_read_fd();
@@ -86,7 +91,7 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
   // free_context is called by ibv_close_device; it is not in the table above
   // only because its slot must always be ours.
   verbs_context_ops fc{};
-  fc.free_context = free_context;
+  fc.free_context = at_boundary<free_context>;
   verbs_set_ops(&c->vctx, &fc);
   return &c->vctx;
 }
@@ -97,7 +102,7 @@ static bool match_device(verbs_sysfs_dev *sdev) {
   return access(path.c_str(), R_OK) == 0;
 }
 
-static verbs_device *alloc_device(verbs_sysfs_dev *sdev) {
+static verbs_device *alloc_device_ops(verbs_sysfs_dev *sdev) {
   std::string err;
   auto cfg = DeviceConfig::load(sdev->ibdev_name, &err);
   if (!cfg) {
@@ -135,9 +140,9 @@ extern "C" const verbs_device_ops usrc_device_ops = {
     .match_table = nullptr,
     .static_providers = nullptr,
     .match_device = match_device,
-    .alloc_context = alloc_context,
+    .alloc_context = at_boundary<alloc_context>,
     .import_context = nullptr,
-    .alloc_device = alloc_device,
+    .alloc_device = at_boundary<alloc_device_ops>,
     .uninit_device = uninit_device,
 };
 

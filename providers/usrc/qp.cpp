@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -38,10 +39,12 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   cap.max_inline_data = rc::kMaxInline;
   {
     std::lock_guard g(c.engine().mu);
-    qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr);
-    if (!qp->t) {
+    int e = ENOMEM;
+    qp->t = nullptr;
+    if (!no_throw([&] { qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr); }, &e) ||
+        !qp->t) {
       delete qp;
-      errno = ENOMEM;
+      errno = e;
       return nullptr;
     }
     qp->t->user = qp;

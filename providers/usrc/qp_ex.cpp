@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -27,7 +28,13 @@ ibv_send_wr *begin(ibv_qp_ex *x, ibv_wr_opcode op) {
     fail(qp, ENOMEM);   // more than the send queue can ever hold
     return nullptr;
   }
-  if (qp->nbatch == qp->batch.size()) qp->batch.emplace_back();
+  if (qp->nbatch == qp->batch.size()) {
+    int e = 0;
+    if (!no_throw([&] { qp->batch.emplace_back(); }, &e)) {
+      fail(qp, e);   // (no memory for a longer batch: ibv_wr_complete says so)
+      return nullptr;
+    }
+  }
   Qp::PendingWr &p = qp->batch[qp->nbatch++];
   p.wr = {};
   p.wr.wr_id = x->wr_id;
@@ -178,27 +185,27 @@ int init_qp_ex(Qp *qp, uint64_t ops) {
   if (ops & ~kSupportedOps) return EOPNOTSUPP;
   ibv_qp_ex &x = qp->vqp.qp_ex;
   x.comp_mask = 0;
-  x.wr_send = wr_send;
-  x.wr_send_imm = wr_send_imm;
-  x.wr_rdma_write = wr_rdma_write;
-  x.wr_rdma_write_imm = wr_rdma_write_imm;
-  x.wr_rdma_read = wr_rdma_read;
-  x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
-  x.wr_atomic_fetch_add = wr_atomic_fetch_add;
-  x.wr_set_sge = wr_set_sge;
-  x.wr_set_sge_list = wr_set_sge_list;
-  x.wr_set_inline_data = wr_set_inline_data;
-  x.wr_set_inline_data_list = wr_set_inline_data_list;
-  x.wr_start = wr_start;
-  x.wr_complete = wr_complete;
-  x.wr_abort = wr_abort;
-  x.wr_bind_mw = wr_unsupported_mw;
-  x.wr_local_inv = wr_unsupported_rkey;
-  x.wr_send_inv = wr_unsupported_rkey;
-  x.wr_send_tso = wr_unsupported_tso;
-  x.wr_set_ud_addr = wr_unsupported_ud;
-  x.wr_set_xrc_srqn = wr_unsupported_rkey;
-  x.wr_atomic_write = wr_unsupported_atomic_write;
+  x.wr_send = at_boundary<wr_send>;
+  x.wr_send_imm = at_boundary<wr_send_imm>;
+  x.wr_rdma_write = at_boundary<wr_rdma_write>;
+  x.wr_rdma_write_imm = at_boundary<wr_rdma_write_imm>;
+  x.wr_rdma_read = at_boundary<wr_rdma_read>;
+  x.wr_atomic_cmp_swp = at_boundary<wr_atomic_cmp_swp>;
+  x.wr_atomic_fetch_add = at_boundary<wr_atomic_fetch_add>;
+  x.wr_set_sge = at_boundary<wr_set_sge>;
+  x.wr_set_sge_list = at_boundary<wr_set_sge_list>;
+  x.wr_set_inline_data = at_boundary<wr_set_inline_data>;
+  x.wr_set_inline_data_list = at_boundary<wr_set_inline_data_list>;
+  x.wr_start = at_boundary<wr_start>;
+  x.wr_complete = at_boundary<wr_complete>;
+  x.wr_abort = at_boundary<wr_abort>;
+  x.wr_bind_mw = at_boundary<wr_unsupported_mw>;
+  x.wr_local_inv = at_boundary<wr_unsupported_rkey>;
+  x.wr_send_inv = at_boundary<wr_unsupported_rkey>;
+  x.wr_send_tso = at_boundary<wr_unsupported_tso>;
+  x.wr_set_ud_addr = at_boundary<wr_unsupported_ud>;
+  x.wr_set_xrc_srqn = at_boundary<wr_unsupported_rkey>;
+  x.wr_atomic_write = at_boundary<wr_unsupported_atomic_write>;
   qp->vqp.comp_mask |= VERBS_QP_EX;
   return 0;
 }

@@ -30,15 +30,17 @@ Engine::~Engine() {
 Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
   for (uint32_t i = 0; i < qps_.size(); i++) {
     if (qps_[i]) continue;
-    Qp *qp = new Qp;
+    // (Out of memory: std::bad_alloc, with nothing changed.)
+    auto qp = std::make_unique<Qp>();
     qp->qpn = (slot_ << kQpnIndexBits) | i;
     qp->sq_cap = max_send_wr ? max_send_wr : 1;
     qp->sq.init(qp->sq_cap + kPlacedSlack);
     qp->rq.init(max_recv_wr ? max_recv_wr : 1);
     qp->window = qp->cwnd = qp->ssthresh = max_window;
-    qps_[i] = qp;
-    live_.push_back(qp);
-    return qp;
+    live_.reserve(live_.size() + 1);
+    qps_[i] = qp.get();
+    live_.push_back(qp.get());
+    return qp.release();
   }
   return nullptr;
 }

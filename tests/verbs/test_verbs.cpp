@@ -1992,3 +1992,62 @@ TEST_CASE("under an address-space limit, open_device, create_cq and create_qp fa
   CHECK(std::count_if(outcomes.begin(), outcomes.end(),
                       [](int o) { return o == kCqFailed || o == kQpFailed; }) > 0);
 }
+
+// A CQ overrun (IBA 11.4.2.1): more completions than the CQ holds, none
+// polled. The CQ reports IBV_EVENT_CQ_ERR and the QP completing into it
+// goes to the error state with IBV_EVENT_QP_FATAL; its completions are not
+// silently dropped while it goes on.
+TEST_CASE("CQ overrun: CQ_ERR, and the QP to the error state with QP_FATAL", "[verbs]") {
+  Dev d;
+  ibv_cq *small = ibv_create_cq(d.ctx, 2, nullptr, nullptr, 0);
+  REQUIRE(small);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = small;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {16, 16, 1, 1, 64};
+  ibv_qp *qa = ibv_create_qp(d.pd, &ia);
+  REQUIRE(qa);
+  Qp b(d);
+  Params p;
+  REQUIRE(to_init(qa, p.access) == 0);
+  REQUIRE(to_rtr(d, qa, b.qp->qp_num, p) == 0);
+  REQUIRE(to_rts(qa, p) == 0);
+  connect(d, b, qa->qp_num, p);
+  uint8_t rx[8][64], tx[64] = {1};
+  ibv_mr *mr = ibv_reg_mr(d.pd, rx, sizeof rx, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mt = ibv_reg_mr(d.pd, tx, sizeof tx, 0);
+  REQUIRE(mr);
+  REQUIRE(mt);
+  for (int i = 0; i < 8; i++) {
+    ibv_sge r{uintptr_t(rx[i]), 64, mr->lkey};
+    REQUIRE(post_recv(b.qp, i, &r, 1) == 0);
+  }
+  for (int i = 0; i < 8; i++) {
+    ibv_sge s{uintptr_t(tx), 64, mt->lkey};
+    REQUIRE(post_send(qa, i, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  }
+  auto rc = poll(b.cq, 8);
+  REQUIRE(rc.size() == 8);
+  bool cq_err = false, qp_fatal = false;
+  for (int i = 0; i < 100 && !(cq_err && qp_fatal); i++) {
+    pollfd pf{d.ctx->async_fd, POLLIN, 0};
+    if (::poll(&pf, 1, 100) != 1) continue;
+    ibv_async_event ev{};
+    REQUIRE(ibv_get_async_event(d.ctx, &ev) == 0);
+    if (ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small) cq_err = true;
+    if (ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == qa) qp_fatal = true;
+    ibv_ack_async_event(&ev);
+  }
+  CHECK(cq_err);
+  CHECK(qp_fatal);
+  ibv_qp_attr at{};
+  ibv_qp_init_attr ii{};
+  REQUIRE(ibv_query_qp(qa, &at, IBV_QP_STATE, &ii) == 0);
+  CHECK(at.qp_state == IBV_QPS_ERR);
+  ibv_wc wc[4];
+  while (ibv_poll_cq(small, 4, wc) > 0) {}
+  CHECK(ibv_destroy_qp(qa) == 0);
+  CHECK(ibv_destroy_cq(small) == 0);
+  CHECK(ibv_dereg_mr(mr) == 0);
+  CHECK(ibv_dereg_mr(mt) == 0);
+}

@@ -67,6 +67,8 @@ class Cq {
   // completion made now may skip the ring for a poller's array
   // (Engine::DirectWc) without passing an older one or an event.
   bool idle() const { return arm_ == Arm::none && empty(); }
+  // A push found the ring full (once set, for good: the CQ is in error).
+  bool overflowed() const { return overflowed_; }
   bool empty() const {
     return head_.load(std::memory_order_acquire) == tail_.load(std::memory_order_acquire);
   }

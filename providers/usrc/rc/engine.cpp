@@ -187,7 +187,7 @@ void Engine::flush_queues(Qp &qp) {
 }
 
 void Engine::push(Cq *cq, const Completion &c) {
-  if (cq) cq->push(c);
+  if (cq && !cq->push(c)) cq_overflow_ = true;
 }
 
 void Engine::arm_timer(uint64_t deadline) {
@@ -364,6 +364,21 @@ size_t Engine::progress(bool app, uint64_t now) {
   return received;
 }
 
+// A completion was lost to a full CQ (IBA 11.4.2.1, CQ overrun; rxe does
+// the same): the CQ reported IBV_EVENT_CQ_ERR (Cq::overflow), and every QP
+// completing into it goes to the error state, with IBV_EVENT_QP_FATAL, so
+// that no further work completes as if nothing was lost.
+void Engine::cq_overflowed() {
+  cq_overflow_ = false;
+  for (Qp *qp : live_) {
+    if (qp->linger_until || qp->state == QpState::reset || qp->state == QpState::err) continue;
+    if ((qp->send_cq && qp->send_cq->overflowed()) || (qp->recv_cq && qp->recv_cq->overflowed())) {
+      set_state(*qp, QpState::err);
+      if (hooks_) hooks_->qp_event(*qp, QpEvent::fatal);
+    }
+  }
+}
+
 // A guarded copy faulted since the last look (guard.h): a request's
 // payload read from memory no longer mapped did not go (the engine's
 // copies and the NIC's drop the packet). Each QP whose oldest WQE reads
@@ -371,6 +386,7 @@ size_t Engine::progress(bool app, uint64_t now) {
 // the QP to the error state). A WQE behind others fails once it is the
 // oldest: until then its packets are resent, and fault again.
 void Engine::source_faults() {
+  if (cq_overflow_) cq_overflowed();
   faults_seen_ = guard::faults();
   for (Qp *qp : live_) {
     if (qp->linger_until || qp->sq.empty() || (qp->state != QpState::rts && qp->state != QpState::sqd))

@@ -191,12 +191,15 @@ class Engine {
   void push(Cq *cq, const Completion &c);
   void arm_timer(uint64_t deadline);
   void check_drained(Qp &qp);
-  // After a step that sent: a guarded copy that faulted fails its WQE.
+  // After a step: a guarded copy that faulted fails its WQE, a full CQ
+  // fails its QPs.
   void check_faults() {
-    if (guard::faults() != faults_seen_) [[unlikely]] source_faults();
+    if (guard::faults() != faults_seen_ || cq_overflow_) [[unlikely]] source_faults();
   }
   void source_faults();
+  void cq_overflowed();
   uint64_t faults_seen_ = 0;
+  bool cq_overflow_ = false;   // a push found its CQ full
   struct TxSlot;
   TxSlot &tx_slot();
   void tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t pieces);

@@ -62,8 +62,7 @@ void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
 void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
   const RecvWqe &r = qp.rq.front();
-  if (qp.recv_cq)
-    qp.recv_cq->push({r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn, qp.dlid, stamp()});
+  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn, qp.dlid, stamp()});
   qp.rq.pop();
 }
 
@@ -162,7 +161,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
       c.solicited = w0 & 0x800000;
       c.byte_len = len;
       c.imm_be = imm_be;
-      cq->push(c);
+      if (!cq->push(c)) [[unlikely]] cq_overflow_ = true;
     }
     epsn = psn_add(epsn, 1);
     bytes += pkt.len;

@@ -32,7 +32,7 @@ struct Dev {
   Dev() {
     const char *name = getenv("USRC_TEST_DEV");
     REQUIRE(name);
-    int n = 0;
+  int n = 0;
     ibv_device **list = ibv_get_device_list(&n);
     REQUIRE(list);
     for (int i = 0; i < n; i++)
@@ -1931,6 +1931,44 @@ TEST_CASE("SEND from or into registered memory that was unmapped: LOC_PROT_ERR, 
   CHECK(ibv_dereg_mr(mb) == 0);
 }
 
+// The child of the test above, in a process of its own.
+TEST_CASE("address-space limit: the child", "[.rlimit_child]") {
+  const char *name = getenv("USRC_TEST_DEV");
+  const char *spare = getenv("USRC_TEST_SPARE_MB");
+  if (!name || !spare) _exit(2);
+  const size_t spare_mb = std::stoul(spare);
+  enum { kAllMade = 0, kOpenFailed = 10, kCqFailed = 11, kQpFailed = 12, kBadErrno = 20 };
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  ibv_device *dev = nullptr;
+  for (int i = 0; list && i < n; i++)
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) dev = list[i];
+  if (!dev) _exit(2);
+  // What the process maps now, and spare_mb more.
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0;
+  statm >> pages;
+  rlimit rl{};
+  rl.rlim_cur = rl.rlim_max = pages * 4096 + spare_mb * 1024 * 1024;
+  if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
+  auto clean = [](int e) { return e == ENOMEM || e == EAGAIN; };
+  ibv_context *ctx = ibv_open_device(dev);
+  if (!ctx) _exit(clean(errno) ? kOpenFailed : kBadErrno);
+  ibv_device_attr da{};
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  if (!pd) _exit(clean(errno) ? kCqFailed : kBadErrno);
+  if (ibv_query_device(ctx, &da) != 0) _exit(4);
+  ibv_cq *cq = ibv_create_cq(ctx, da.max_cqe, nullptr, nullptr, 0);
+  if (!cq) _exit(clean(errno) ? kCqFailed : kBadErrno + 1);
+  ibv_qp_init_attr ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap = {uint32_t(da.max_qp_wr), uint32_t(da.max_qp_wr), 1, 1, 0};
+  ibv_qp *qp = ibv_create_qp(pd, &ia);
+  if (!qp) _exit(clean(errno) ? kQpFailed : kBadErrno + 2);
+  _exit(kAllMade);   // (no cleanup needed: the process ends)
+}
+
 // Resource exhaustion under an address-space limit (ulimit -v): opening the
 // device (its progress thread), creating a CQ and a QP fail cleanly, with
 // ENOMEM or EAGAIN, never an abort on a C++ exception. Each limit in a
@@ -1945,38 +1983,14 @@ TEST_CASE("under an address-space limit, open_device, create_cq and create_qp fa
   enum { kAllMade = 0, kOpenFailed = 10, kCqFailed = 11, kQpFailed = 12, kBadErrno = 20 };
   std::vector<int> outcomes;
   for (size_t spare_mb : {0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512}) {
+    // A fresh process (exec): one forked from here would reuse the stacks
+    // and heap earlier tests left behind, and need no new memory.
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      int n = 0;
-      ibv_device **list = ibv_get_device_list(&n);
-      ibv_device *dev = nullptr;
-      for (int i = 0; list && i < n; i++)
-        if (strcmp(ibv_get_device_name(list[i]), name) == 0) dev = list[i];
-      if (!dev) _exit(2);
-      // What the process maps now, and spare_mb more.
-      std::ifstream statm("/proc/self/statm");
-      size_t pages = 0;
-      statm >> pages;
-      rlimit rl{};
-      rl.rlim_cur = rl.rlim_max = pages * 4096 + spare_mb * 1024 * 1024;
-      if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
-      auto clean = [](int e) { return e == ENOMEM || e == EAGAIN; };
-      ibv_context *ctx = ibv_open_device(dev);
-      if (!ctx) _exit(clean(errno) ? kOpenFailed : kBadErrno);
-      ibv_device_attr da{};
-      ibv_pd *pd = ibv_alloc_pd(ctx);
-      if (!pd) _exit(clean(errno) ? kCqFailed : kBadErrno);
-      if (ibv_query_device(ctx, &da) != 0) _exit(4);
-      ibv_cq *cq = ibv_create_cq(ctx, da.max_cqe, nullptr, nullptr, 0);
-      if (!cq) _exit(clean(errno) ? kCqFailed : kBadErrno + 1);
-      ibv_qp_init_attr ia{};
-      ia.send_cq = ia.recv_cq = cq;
-      ia.qp_type = IBV_QPT_RC;
-      ia.cap = {uint32_t(da.max_qp_wr), uint32_t(da.max_qp_wr), 1, 1, 0};
-      ibv_qp *qp = ibv_create_qp(pd, &ia);
-      if (!qp) _exit(clean(errno) ? kQpFailed : kBadErrno + 2);
-      _exit(kAllMade);   // (no cleanup needed: the process ends)
+      setenv("USRC_TEST_SPARE_MB", std::to_string(spare_mb).c_str(), 1);
+      execl("/proc/self/exe", "verbs_tests", "[.rlimit_child]", static_cast<char *>(nullptr));
+      _exit(5);
     }
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);

@@ -1932,7 +1932,7 @@ TEST_CASE("SEND from or into registered memory that was unmapped: LOC_PROT_ERR, 
 }
 
 // The child of the test above, in a process of its own.
-TEST_CASE("address-space limit: the child", "[.rlimit_child]") {
+TEST_CASE("RLIMIT_AS child of the test below", "[.rlimit_child]") {
   const char *name = getenv("USRC_TEST_DEV");
   const char *spare = getenv("USRC_TEST_SPARE_MB");
   if (!name || !spare) _exit(2);

@@ -465,7 +465,9 @@ uint8_t *Context::resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t l
                           uint32_t access) {
   Mr *mr = find_mr(rkey);
   if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
-  return mr->map(va, len);
+  // (No system call to see that ODP memory is mapped: every access the
+  // responder makes is guarded, and each WRITE packet resolves again.)
+  return mr->range(va, len);
 }
 
 }  // namespace usrc

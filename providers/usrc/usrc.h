@@ -44,9 +44,14 @@ struct Mr {
   // The host address of [va, va+len) if the MR covers it (and, for ODP,
   // it is mapped now); nullptr otherwise. (Inline: every posted WR's SGEs.)
   uint8_t *map(uint64_t va, uint64_t len) const {
+    uint8_t *p = range(va, len);
+    return p && odp && len ? mapped(p, len) : p;
+  }
+  // The same without looking at the mapping (the responder's copies are
+  // guarded: an unmapped page gives an access error there, common/guard.h).
+  uint8_t *range(uint64_t va, uint64_t len) const {
     if (va < iova || len > length || va - iova > length - len) return nullptr;
-    uint8_t *p = addr + (va - iova);
-    return odp && len ? mapped(p, len) : p;
+    return addr + (va - iova);
   }
   uint8_t *mapped(uint8_t *p, uint64_t len) const;   // ODP: p if [p, p+len) is mapped now
 };

@@ -66,6 +66,8 @@ usrc_gcopy_begin:
 5:
   cmp $2048, %rdx
   ja 7f
+  cmpb $0, usrc_gcopy_avx2(%rip)
+  jne 9f
   movdqu -64(%rsi,%rdx), %xmm4
   movdqu -48(%rsi,%rdx), %xmm5
   movdqu -32(%rsi,%rdx), %xmm6
@@ -97,7 +99,30 @@ usrc_gcopy_begin:
 8:
   mov $1, %eax
   ret
+9:
+  vmovdqu -64(%rsi,%rdx), %ymm4
+  vmovdqu -32(%rsi,%rdx), %ymm5
+  lea -64(%rdi,%rdx), %r8
+10:
+  vmovdqu (%rsi), %ymm0
+  vmovdqu 32(%rsi), %ymm1
+  vmovdqu %ymm0, (%rdi)
+  vmovdqu %ymm1, 32(%rdi)
+  add $64, %rsi
+  add $64, %rdi
+  sub $64, %rdx
+  cmp $64, %rdx
+  ja 10b
+  vmovdqu %ymm4, (%r8)
+  vmovdqu %ymm5, 32(%r8)
+  vzeroupper
+  mov $1, %eax
+  ret
 usrc_gcopy_fault:
+  cmpb $0, usrc_gcopy_avx2(%rip)
+  je 11f
+  vzeroupper
+11:
   xor %eax, %eax
   ret
 usrc_gcopy_end:
@@ -110,6 +135,9 @@ usrc_gcopy_end:
   .hidden usrc_gcopy_end
 )");
 extern "C" {
+// Read by the copy: set once, before any copy can run (static init).
+__attribute__((visibility("hidden"))) unsigned char usrc_gcopy_avx2 =
+    (__builtin_cpu_init(), __builtin_cpu_supports("avx2") != 0);
 extern const char usrc_gcopy_begin[] __attribute__((visibility("hidden")));
 extern const char usrc_gcopy_end[] __attribute__((visibility("hidden")));
 extern const char usrc_gcopy_fault[] __attribute__((visibility("hidden")));

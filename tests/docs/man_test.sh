@@ -5,7 +5,7 @@
 #    (the X-macro tunables are generated into usrc(7); the few read with a
 #    getenv of their own are written by hand and must not be forgotten);
 #  - every USRC_* name README.md, docs/ and the man pages mention exists
-#    (an environment variable the code reads, or a CMake variable);
+#    (an environment variable the code reads, a CMake variable or a macro);
 #  - every counter of the X-macro is in usrc(7);
 #  - every subcommand of the usrc CLI, and every word `link add` takes, is
 #    in usrc(8).
@@ -38,7 +38,10 @@ for v in $read_env; do
 done
 
 # Mentioned by the docs: must exist.
-cmake_vars=$(grep -rhoE 'USRC_[A-Z0-9_]+' --include=CMakeLists.txt "$SRC" | sort -u)
+# (or a CMake variable or definition, or a macro of the code: USRC_TUNABLES)
+cmake_vars=$( (grep -rhoE 'USRC_[A-Z0-9_]+' --include=CMakeLists.txt "$SRC"
+              grep -rhoE '#define USRC_[A-Z0-9_]+' "$SRC/providers" "$SRC/include" |
+                grep -oE 'USRC_[A-Z0-9_]+') | sort -u)
 for f in "$SRC/README.md" "$SRC"/docs/*.md "$MAN7" "$MAN8"; do
   [ -e "$f" ] || continue
   for v in $(grep -ohE 'USRC_[A-Z0-9_]+' "$f" | sort -u); do

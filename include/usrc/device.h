@@ -69,7 +69,8 @@ constexpr uint32_t kQpsPerSlot = 1u << kQpnIndexBits;              // 4096
 constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
 
 // Counters: one file per device, a header then an array of uint64_t that
-// every process using the device adds to (relaxed atomics).
+// every process using the device adds to (relaxed atomics). usrc stats prints
+// them; usrc(7) lists them with these doc strings (man/mangen.cpp).
 #define USRC_COUNTERS(X)                                                      \
   X(tx_packets, "packets sent")                                               \
   X(rx_packets, "packets received")                                           \

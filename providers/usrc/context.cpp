@@ -17,6 +17,7 @@
 #include <random>
 
 #include "usrc/common/log.h"
+#include "usrc/common/random.h"
 #include "usrc/common/tunables.h"
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
@@ -49,11 +50,14 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   const Tunables &t = Tunables::get();
 
   // Pick a free process slot: its UDP port is base_port + slot. Start at a
-  // pid-derived slot so that concurrent openers rarely collide.
+  // random slot: concurrent openers rarely collide, and a process restarted
+  // with the same pid (a fresh pid namespace) does not get its
+  // predecessor's slot, hence QPNs and port, back: its predecessor's
+  // packets still on their way find no QP.
   std::unique_ptr<net::Nic> nic;
   uint32_t slot = 0, rcvbuf = 0;
   size_t max_payload = SIZE_MAX;
-  uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlots;
+  uint32_t start = random_u32() % kMaxSlots;
   for (uint32_t i = 0; i < kMaxSlots && !nic; i++) {
     slot = 1 + (start + i) % kMaxSlots;
     if (uint32_t(cfg.base_port) + slot > 65535) continue;
@@ -444,11 +448,20 @@ void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
 }
 
 uint32_t Context::add_mr(Mr *mr) {
-  // Keys are never reused within a context, so a stale rkey cannot reach
-  // a newer registration.
-  uint32_t key = next_key_++;
-  mrs_[key] = mr;
-  return key;
+  // A key is an index in the low 24 bits, counted from a random start, and
+  // 8 random bits above it (as rxe's index and random byte): a peer must
+  // have been given the key, another process cannot guess it. Indices are
+  // not reused within a context (until they wrap, past 16 million
+  // registrations), so a stale rkey does not reach a newer registration;
+  // a key is unique among the live MRs.
+  if (!next_key_) next_key_ = random_u32();
+  for (;;) {
+    const uint32_t index = next_key_++ & 0xffffff;
+    const uint32_t key = (random_u32() & 0xff000000u) | index;
+    if (!index || mrs_.contains(key)) continue;
+    mrs_[key] = mr;
+    return key;
+  }
 }
 void Context::remove_mr(uint32_t key) {
   mrs_.erase(key);

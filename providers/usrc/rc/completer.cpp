@@ -277,7 +277,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
       wire::aeth_type(syn) != wire::AckType::ack)
     return false;
   Qp *qp = find_qp(w1 & 0xffffff);
-  if (!qp || !qp->local_path || pkt.src != qp->peer || qp->linger_until ||
+  if (!qp || !qp->local_path || !from_peer(*qp, pkt.src) || qp->linger_until ||
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
   const uint32_t psn = w2 & 0xffffff;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "usrc/common/log.h"
+#include "usrc/common/random.h"
 #include "usrc/common/tunables.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
@@ -16,6 +17,8 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
   ack_list_.reserve(64);
+  qpn_walk_ = random_u32();
+  qpn_stride_ = random_u32() | 1;
   hold_max = std::min(tun_.rx_hold, kMaxHold);
 }
 
@@ -25,7 +28,8 @@ Engine::~Engine() {
 }
 
 Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
-  for (uint32_t i = 0; i < qps_.size(); i++) {
+  for (uint32_t n = 0; n < kQpsPerSlot; n++) {
+    const uint32_t i = (qpn_walk_ += qpn_stride_) & (kQpsPerSlot - 1);
     if (qps_[i]) continue;
     Qp *qp = new Qp;
     qp->qpn = (slot_ << kQpnIndexBits) | i;
@@ -415,9 +419,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     count(Counter::unknown_qp_drops);
     return;
   }
-  // From the peer's address; the source port is the peer's own or, with a
-  // flow label, one of RoCE v2's entropy ports (0xC000 and up).
-  if (pkt.src.ip != qp->peer.ip || (pkt.src.port != qp->peer.port && pkt.src.port < 0xc000)) {
+  if (!from_peer(*qp, pkt.src)) {
     count(Counter::wrong_source_drops);
     return;
   }

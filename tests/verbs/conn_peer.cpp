@@ -3,17 +3,19 @@
 // packets that do not belong to the connection (forged ones from another
 // user, stale ones from a connection of a process that died).
 //
-//   conn_peer server DEV TCP_PORT CONNS N PSN
+//   conn_peer server DEV TCP_PORT CONNS N PSN [DELAY_MS]
 //     accepts CONNS connections one after the other; on each it sends N
 //     SENDs of 64 bytes tagged with the connection's number and sequence
 //     (paced: 16, then a 1 ms pause). An earlier connection's QP is kept
-//     with whatever it had in flight when its peer went away. Exit 0 once
+//     with whatever it had in flight when its peer went away. DELAY_MS:
+//     each connection after the first waits that long before it sends.
+//     Exit 0 once
 //     every SEND of the last connection completed successfully.
 //   conn_peer client DEV HOST TCP_PORT N PSN [DIE_AFTER]
 //     receives N messages and checks each one: the server's tag for this
 //     connection, sequence 0, 1, ..., N-1, the pattern. With DIE_AFTER it
-//     posts only that many receives and kills itself (SIGKILL) once they
-//     are taken: the server's later SENDs stay in flight.
+//     posts only that many receives and dies (_exit, closing nothing) once
+//     they are taken: the server's later SENDs stay in flight.
 //
 // PSN: the start PSN of both directions (-1: random). Each side prints
 // "local QPN 0x... PSN 0x... port P" and "remote QPN 0x..." on stdout.
@@ -22,7 +24,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -96,13 +97,15 @@ struct Conn {
     if (!(qp = ibv_create_qp(c.pd, &ia))) die("ibv_create_qp");
     if (!(mr = ibv_reg_mr(c.pd, buf.data(), buf.size() * kMsg, IBV_ACCESS_LOCAL_WRITE))) die("ibv_reg_mr");
   }
-  void connect(Ctx &c, const Wire &me, const Wire &peer) {
+  void init() {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
       die("INIT");
-    a = {};
+  }
+  void connect(Ctx &c, const Wire &me, const Wire &peer) {
+    ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = IBV_MTU_1024;
     a.dest_qp_num = peer.qpn;
@@ -171,7 +174,7 @@ void announce(const Wire &me, const Wire &peer) {
   fflush(stdout);
 }
 
-int server(Ctx &c, int tcp_port, int conns, uint32_t n, long psn_arg) {
+int server(Ctx &c, int tcp_port, int conns, uint32_t n, long psn_arg, uint32_t delay_ms) {
   int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
@@ -186,11 +189,15 @@ int server(Ctx &c, int tcp_port, int conns, uint32_t n, long psn_arg) {
     const uint32_t tag = uint32_t(conn);
     Wire me = local_wire(c, *k, start_psn(psn_arg), tag), peer;
     exchange(fd, me, &peer);
+    k->init();
     k->connect(c, me, peer);
     announce(me, peer);
     char go;
     if (read(fd, &go, 1) != 1) die("read go");   // the client's receives are posted
     close(fd);
+    // A server that starts its stream a moment later: the new connection
+    // is then up while an old one may still be resending.
+    if (conn > 1 && delay_ms) usleep(delay_ms * 1000);
     const bool last = conn == conns;
     uint32_t posted = 0, done = 0, bad = 0;
     while (done < n) {
@@ -244,11 +251,12 @@ int client(Ctx &c, const char *host, int tcp_port, uint32_t n, long psn_arg, uin
   Conn k(c);
   Wire me = local_wire(c, k, start_psn(psn_arg), 0), peer;
   exchange(fd, me, &peer);
-  k.connect(c, me, peer);
-  announce(me, peer);
+  k.init();   // (receives are posted before the QP takes packets)
   const uint32_t first = die_after ? std::min(die_after, kDepth) : kDepth;
   uint32_t posted = 0;
   for (; posted < first && posted < n; posted++) k.post_recv(posted);
+  k.connect(c, me, peer);
+  announce(me, peer);
   if (write(fd, "g", 1) != 1) die("write go");
   uint32_t seq = 0, errors = 0;
   // Bounded: a message that never comes ends the run (a failure) after
@@ -284,7 +292,7 @@ int client(Ctx &c, const char *host, int tcp_port, uint32_t n, long psn_arg, uin
       if (die_after && seq == die_after) {
         printf("received %u, dying\n", seq);
         fflush(stdout);
-        raise(SIGKILL);
+        _exit(137);   // as if killed: nothing closed (SIGKILL would not end a pid namespace's init)
       }
       if (!die_after && posted < n) {
         k.post_recv(slot);
@@ -302,7 +310,8 @@ int main(int argc, char **argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc >= 7 && strcmp(argv[1], "server") == 0) {
     Ctx c(argv[2]);
-    return server(c, atoi(argv[3]), atoi(argv[4]), uint32_t(atol(argv[5])), atol(argv[6]));
+    return server(c, atoi(argv[3]), atoi(argv[4]), uint32_t(atol(argv[5])), atol(argv[6]),
+                  argc > 7 ? uint32_t(atol(argv[7])) : 0);
   }
   if (argc >= 7 && strcmp(argv[1], "client") == 0) {
     Ctx c(argv[2]);
@@ -310,7 +319,7 @@ int main(int argc, char **argv) {
                   argc > 7 ? uint32_t(atol(argv[7])) : 0);
   }
   fprintf(stderr,
-          "usage: conn_peer server DEV TCP_PORT CONNS N PSN\n"
+          "usage: conn_peer server DEV TCP_PORT CONNS N PSN [DELAY_MS]\n"
           "       conn_peer client DEV HOST TCP_PORT N PSN [DIE_AFTER]\n");
   return 2;
 }

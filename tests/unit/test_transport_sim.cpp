@@ -2,6 +2,8 @@
 // network: exactly-once, in-order, byte-exact delivery under drop,
 // duplication, reordering, delay and corruption, and the right error
 // statuses when the peer vanishes or retries run out.
+#include <arpa/inet.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include "usrc/net/sim.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
+#include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
 
 using namespace usrc;
@@ -1270,6 +1273,57 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
         REQUIRE(rcv[i].wr_id == i);
         REQUIRE(std::memcmp(rx.data() + 9000 * i, src.data() + 200000 + 9000 * i, rcv[i].byte_len) == 0);
       }
+    }
+  }
+}
+
+// A SEND ONLY of 64 bytes to qpn with psn, from src to dst, as anyone could
+// build it: with its ICRC, or 0 where a same-host sender leaves it out.
+static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint dst, uint32_t qpn,
+                        uint32_t psn, bool icrc) {
+  std::vector<uint8_t> b(wire::kBthLen + 64 + wire::kIcrcLen, 0xee);
+  const uint32_t w[3] = {htonl(uint32_t(wire::Opcode::RC_SEND_ONLY) << 24 | 0xffff), htonl(qpn),
+                         htonl(0x80000000u | psn)};
+  std::memcpy(b.data(), w, sizeof w);
+  iovec v{b.data(), b.size() - wire::kIcrcLen};
+  wire::store_icrc(b.data() + v.iov_len, icrc ? wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1) : 0);
+  net::SimNic nic(net, src);
+  iovec all{b.data(), b.size()};
+  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
+}
+
+TEST_CASE("a QP takes packets only from its peer's port, or the one its flow label gives", "[sim]") {
+  for (const bool local : {false, true}) {
+    for (const bool label : {false, true}) {
+      INFO("same host " << local << ", flow label " << label);
+      Pair p(31);
+      if (local) p.same_host();   // (the receive path's short cuts)
+      const net::Endpoint ea = p.b.qp->peer, eb = p.a.qp->peer;
+      const uint16_t lport = 0xc000 | 0x123;   // flow label 0x123
+      if (label) p.a.qp->sport = p.b.qp->sport = lport;
+      std::vector<uint8_t> rx(128 * 8);
+      for (uint64_t i = 0; i < 8; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0);
+      const uint32_t psn = p.b.qp->epsn;
+      auto &drops = p.b.e->counters[uint32_t(Counter::wrong_source_drops)];
+      // The peer's address, another port: any other port at or above
+      // 0xC000, the label's port where the path has no label, the peer's
+      // slot's neighbour.
+      for (const uint16_t port : {uint16_t(0xc000), uint16_t(0xfffe), uint16_t(lport + 1),
+                                  label ? uint16_t(ea.port + 1) : lport, uint16_t(ea.port + 1)})
+        send_forged(p.net, {ea.ip, port}, eb, p.b.qp->qpn, psn, !local);
+      // ... and the peer's port at another address.
+      send_forged(p.net, {ea.ip + 1, ea.port}, eb, p.b.qp->qpn, psn, !local);
+      p.run([] { return false; }, p.net.now() + 10'000'000);
+      CHECK(drain(p.b.rcq).empty());
+      CHECK(drops == 6);
+      CHECK(p.b.qp->epsn == psn);
+      // From the peer's own port, and with a label from the label's port.
+      send_forged(p.net, ea, eb, p.b.qp->qpn, psn, !local);
+      if (label) send_forged(p.net, {ea.ip, lport}, eb, p.b.qp->qpn, psn_add(psn, 1), !local);
+      p.run([] { return false; }, p.net.now() + 10'000'000);
+      CHECK(drain(p.b.rcq).size() == (label ? 2u : 1u));
+      CHECK(drops == 6);
+      CHECK(rx[0] == 0xee);
     }
   }
 }

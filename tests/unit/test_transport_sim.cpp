@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 
 #include "usrc/net/sim.h"
 #include "usrc/rc/engine.h"
@@ -1326,4 +1327,27 @@ TEST_CASE("a QP takes packets only from its peer's port, or the one its flow lab
       CHECK(rx[0] == 0xee);
     }
   }
+}
+
+TEST_CASE("QPNs are unique in a context, and a destroyed QP's is not the next one handed out", "[sim]") {
+  net::SimNetwork net(1);
+  Mem mem;
+  Engine e(std::make_unique<net::SimNic>(net, net::Endpoint{0x0a000001, Pair::kBase + 7}), 7, Pair::kBase,
+           [&] { return net.now(); }, &mem, nullptr);
+  Qp *first = e.create_qp(1, 1);
+  const uint32_t gone = first->qpn;
+  e.destroy_qp(first);   // (in RESET: reaped at once)
+  std::set<uint32_t> seen;
+  uint32_t next_ones = 0, prev = 0;
+  for (uint32_t i = 0; i < kQpsPerSlot; i++) {
+    Qp *q = e.create_qp(1, 1);
+    REQUIRE(q);
+    REQUIRE(slot_of_qpn(q->qpn) == 7);
+    REQUIRE(seen.insert(q->qpn).second);
+    if (i == 0) CHECK(q->qpn != gone);
+    next_ones += i && q->qpn == prev + 1;
+    prev = q->qpn;
+  }
+  CHECK(e.create_qp(1, 1) == nullptr);   // all 4096 taken
+  CHECK(next_ones < kQpsPerSlot - 1);    // not handed out in order
 }

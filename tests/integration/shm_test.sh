@@ -66,11 +66,12 @@ note "USRC_SHM=0: $on_lo packets on lo; rings while the server waited: $RINGS_DU
 
 # Both ends waiting on completion events (-e): each side's progress thread
 # sleeps between messages (no busy polling) and the other rings it awake
-# (a doorbell per message). A doorbell missed would leave the message in
-# the ring until the sender's retransmission timer (2 ms at least) resent
-# it, and never ringing at all fails the run. A wake-up that a loaded
-# virtual CPU delays past that timer resends too, now and then: a few
-# are allowed.
+# (a doorbell per message). Never ringing at all fails the run. How many
+# messages were resent is only noted: a doorbell missed would leave the
+# message in the ring until the sender's retransmission timer (2 ms at
+# least) resent it, but so does a wake-up that a loaded machine delays
+# past that timer. That no doorbell is missed is shown without timing in
+# tests/unit/test_transport_nics.cpp ("shm: ... doorbell").
 resent=$(counter retransmits)
 capture_start "$FILTER"
 PP_ARGS=-e pingpong 500 USRC_BUSY_POLL_US=0
@@ -79,7 +80,6 @@ resent=$(( $(counter retransmits) - resent ))
 note "events (-e): $DOORBELLS doorbells, $IBA IBA packets on lo, $resent resent for 500 round trips"
 [ "$DOORBELLS" -gt 0 ] || fail "-e: no doorbell rung: the sleeping path was not taken"
 [ "$IBA" = 0 ] || fail "-e: $IBA IBA packets on lo: the ring was not used for all"
-[ "$resent" -le 10 ] || fail "-e: $resent packets resent in 500 round trips: sleeping consumers missed slots"
 
 # Small RDMA WRITEs go straight into the peer's memory (direct placement):
 # stock ib_write_lat's WRITEs are counted as direct_writes, all of both

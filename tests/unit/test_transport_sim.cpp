@@ -462,14 +462,20 @@ TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[
   Pair p(4);
   p.a.qp->rnr_retry = 2;
   p.a.qp->rnr_left = 2;
+  p.b.qp->min_rnr_timer = 24;   // 40.96 ms in each RNR NAK
   SendWr w;
   w.wr_id = 1;
   w.flags = kSignaled;
+  const uint64_t t0 = p.net.now();
   REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   std::vector<Completion> sc;
   REQUIRE(p.collect(sc, 1));
   CHECK(sc[0].status == WcStatus::rnr_retry_exc_err);
   CHECK(p.b.e->counters[uint32_t(Counter::rnr_naks_sent)] == 3);
+  // The requester waited the NAK's time (IBA table 45) twice, no longer.
+  const uint64_t elapsed = p.net.now() - t0;
+  CHECK(elapsed >= 2 * rnr_timer_ns(24));
+  CHECK(elapsed < 2 * rnr_timer_ns(24) + 1'000'000);
 }
 
 TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted", "[sim]") {
@@ -554,6 +560,36 @@ TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive"
   CHECK(target[99] == 0);
   CHECK(target[50100] == 0);
   CHECK(target[80000] == 0);
+}
+
+TEST_CASE("a rate-limited QP is paced at its rate, neither faster nor slower", "[sim]") {
+  Pair p(10);
+  p.a.qp->rate_bps = 200'000'000;   // IBV_QP_RATE_LIMIT 200000 kbit/s
+  std::vector<uint8_t> target(1 << 20), src(1 << 20, 3);
+  p.b.mem.regions[77] = {target.data(), 0x10000, target.size(), kAccessRemoteWrite};
+  const uint64_t t0 = p.net.now();
+  for (int i = 0; i < 4; i++) {
+    SendWr w;
+    w.wr_id = uint64_t(i);
+    w.opcode = WrOpcode::rdma_write;
+    w.flags = kSignaled;
+    w.remote_va = 0x10000;
+    w.rkey = 77;
+    w.num_sge = 1;
+    w.sge[0] = {src.data(), uint32_t(src.size())};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  std::vector<Completion> sc;
+  REQUIRE(p.collect(sc, 4));
+  for (auto &c : sc) CHECK(c.status == WcStatus::success);
+  CHECK(target == src);
+  // 4096 packets of 1 KB, each counted with 64 bytes of headers, less the
+  // 64 KB burst the token bucket allows at once.
+  const double paced = (4096.0 * (1024 + 64) - 65536) * 8 / 200e6 * 1e9;
+  const uint64_t elapsed = p.net.now() - t0;
+  INFO("4 MB in " << elapsed / 1000 << " us of virtual time; paced " << uint64_t(paced / 1000) << " us");
+  CHECK(double(elapsed) >= paced * 0.98);
+  CHECK(double(elapsed) <= paced * 1.05);
 }
 
 TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower", "[sim]") {

@@ -64,18 +64,18 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     if (uint32_t(cfg.base_port) + slot > 65535) continue;
     int e = 0;
     net::Endpoint local{cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)};
-    if (cfg.backend == "udp") {
+    if (cfg.backend == Backend::udp) {
       auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, t.gso, &e, err);
       if (u) rcvbuf = u->rcvbuf();
       nic = std::move(u);
-    } else if (cfg.backend == "ofi") {
+    } else if (cfg.backend == Backend::ofi) {
 #ifdef USRC_HAVE_OFI
       nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, &max_payload, &e, err);
 #else
       *err = "backend ofi: this usrc was built without libfabric (libfabric-dev)";
       return nullptr;
 #endif
-    } else if (cfg.backend == "xdp") {
+    } else if (cfg.backend == Backend::xdp) {
 #ifdef USRC_HAVE_XDP
       nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
       max_payload = 4096 - 42;   // one UMEM frame less Ethernet/IPv4/UDP
@@ -86,8 +86,9 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     }
     if (!nic && e == EBUSY && err->empty()) return nullptr;   // nested libfabric probe
     if (!nic && e != EADDRINUSE) {
-      *err = "cannot open the " + cfg.backend + " NIC on the device address (" + *err + "); is " +
-             cfg.netdev + " up with that address in this network namespace?";
+      *err = std::string("cannot open the ") + backend_name(cfg.backend) +
+             " NIC on the device address (" + *err + "); is " + cfg.netdev +
+             " up with that address in this network namespace?";
       return nullptr;
     }
   }
@@ -110,7 +111,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
                     : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
                                 : 64;
   std::unique_ptr<net::Nic> dev = std::move(nic);
-  if (cfg.backend == "udp" && t.shm) {
+  if (cfg.backend == Backend::udp && t.shm) {
     // Peers on this host: through shared memory (net/shm.h).
     std::string serr;
     if (auto s = net::ShmNic::wrap(dev, &serr)) dev = std::move(s);

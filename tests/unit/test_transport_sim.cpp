@@ -13,6 +13,7 @@
 #include <set>
 
 #include "usrc/net/sim.h"
+#include "usrc/progress_policy.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
 #include "usrc/wire/icrc.h"
@@ -1386,4 +1387,76 @@ TEST_CASE("QPNs are unique in a context, and a destroyed QP's is not the next on
   }
   CHECK(e.create_qp(1, 1) == nullptr);   // all 4096 taken
   CHECK(next_ones < kQpsPerSlot - 1);    // not handed out in order
+}
+
+// The progress thread's policy (ProgressPolicy) driving a real engine in
+// virtual time: b's application polls its CQs (receiving in its own
+// thread, as try_progress does) and then stops, or arms a CQ for an event;
+// b's progress thread follows the policy as Context::progress_loop does
+// (a NIC with a wait fd: any packet in flight may wake it when it sleeps
+// on the NIC). a's engine is served all along. A SEND from a after b's
+// application stopped polling completes at b, and its ACK at a, within
+// the policy's bound; after an arm, at once.
+TEST_CASE("the progress thread's policy hands a stopped poller's engine over within its bound", "[sim]") {
+  constexpr uint64_t kUs = 1000, kMs = 1000 * kUs, kStep = 1 * kUs;
+  for (bool arm : {false, true}) {
+    Pair p(21);
+    ProgressPolicy::Config cfg;   // the defaults: USRC_APP_QUIET_US=1000, USRC_BUSY_POLL_US=50
+    ProgressPolicy pol(cfg);
+    std::vector<uint8_t> tx(100, 0x3c), rx(128, 0);
+    REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 128, 1)) == 0);
+    const uint64_t t0 = p.net.now(), stop = t0 + 200 * kMs;
+    uint64_t app_polled = 0, wake = 0, takes_while_polling = 0, looks = 0;
+    bool asleep = false, on_nic = false, sent = false;
+    uint64_t recv_done = 0, send_done = 0;
+    for (uint64_t now = t0; now < stop + 100 * kMs && !(recv_done && send_done); now += kStep) {
+      p.net.advance(now - p.net.now());
+      p.a.e->progress();
+      if (now <= stop) {   // b's application polls (its empty polls receive)
+        app_polled = now;
+        p.b.e->progress(true, now);
+      } else if (arm && app_polled) {   // it arms a CQ instead: app_waits()
+        app_polled = 0;
+        asleep = false;   // (the eventfd, as the thread watches)
+      }
+      if (now == stop + kStep) {   // the SEND, as b's application stopped
+        REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 7)) == 0);
+        sent = true;
+      }
+      // b's progress thread.
+      if (asleep && (now >= wake || (on_nic && p.net.next_delivery() <= now))) asleep = false;
+      while (!asleep) {
+        ProgressPolicy::Decision d = pol.next(now, app_polled);
+        if (d.what != ProgressPolicy::Do::sleep) {
+          if (now <= stop) takes_while_polling++;
+          d = pol.after_pass(now, p.b.e->progress() != 0, p.b.e->next_deadline(), p.b.e->nic().rx_pending());
+        } else {
+          looks++;
+        }
+        if (d.what == ProgressPolicy::Do::take_engine) continue;
+        if (d.what == ProgressPolicy::Do::spin) {
+          pol.yielded(now, now + kStep);   // (a yield that costs the step)
+          break;
+        }
+        asleep = true, wake = d.until, on_nic = d.on_nic;
+      }
+      if (sent && !recv_done && !drain(p.b.rcq).empty()) recv_done = now;
+      if (sent && !send_done && !drain(p.a.scq).empty()) send_done = now;
+    }
+    INFO((arm ? "armed" : "stopped") << ": received " << (recv_done - stop) / kUs << " us, ACKed "
+                                     << (send_done - stop) / kUs << " us after the last poll; "
+                                     << looks << " looks in 200 ms of polling");
+    CHECK(takes_while_polling == 0);
+    CHECK(looks <= 4 + 185 / 16 + 2);   // 1, 2, 4, 8, then every 16 ms
+    REQUIRE(recv_done);
+    REQUIRE(send_done);
+    CHECK(rx[0] == 0x3c);
+    if (arm) {
+      CHECK(recv_done - stop <= 10 * kUs);   // the thread took over at the arm
+      CHECK(send_done - stop <= 1 * kMs);
+    } else {
+      CHECK(recv_done - stop <= 17 * kMs);   // at most 16 quiet times after the last look
+      CHECK(send_done - stop <= 18 * kMs);
+    }
+  }
 }

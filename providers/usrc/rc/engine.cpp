@@ -550,6 +550,9 @@ void Engine::send_batch() {
   if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);
   tx_count_ = tx_nslots_ = tx_niov_ = 0;
   grp_open_ = false;
+  // Packets the NIC holds for a receiver that has no room yet: a pass soon
+  // hands them on (and sends what waits behind them).
+  if (nic_->tx_pending()) arm_timer(stamp() + kTxRetryNs);
 }
 
 }  // namespace usrc::rc

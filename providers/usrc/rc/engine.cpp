@@ -344,8 +344,20 @@ size_t Engine::progress(bool app, uint64_t now) {
       i++;
     }
   }
-  for (Qp *qp : live_)
-    if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
+  // (From where the last pass found a peer with no room: QPs to a receiver
+  // that takes less than they send get their turns in rotation, none
+  // starved by those before it in the list.)
+  const size_t nlive = live_.size(), start = tx_next_ < nlive ? tx_next_ : 0;
+  tx_next_ = 0;
+  for (size_t k = 0; k < nlive; k++) {
+    Qp *qp = live_[start + k < nlive ? start + k : start + k - nlive];
+    if (qp->tx_psn == qp->next_psn) continue;
+    if (nic_->tx_blocked(qp->peer)) {
+      if (!tx_next_) tx_next_ = (start + k) % nlive;
+      continue;
+    }
+    requester_tx(*qp);
+  }
   // Only ACKs to send (no response, resend or request): hold them, not yet
   // built, for the next transmit (the next post_send or progress), if
   // their QPs answer what they receive (see replies()).

@@ -247,6 +247,7 @@ class Engine {
   static constexpr size_t kTxEager = 16;
   // How soon a pass looks again at packets the NIC holds (Nic::tx_pending).
   static constexpr uint64_t kTxRetryNs = 50'000;
+  size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;

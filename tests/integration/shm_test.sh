@@ -112,6 +112,28 @@ else
   note "ib_write_lat not installed: direct placement not checked here"
 fi
 
+# Many QPs to one receiver (ib_write_bw -q 128): more than its ring holds
+# is in flight at once. A full ring is back-pressure, not loss: no packet
+# dropped (tx_errors), no transport error, every run completes.
+if command -v ib_write_bw >/dev/null; then
+  exact() { "$USRC" stats sh0 | grep -o " $1 [0-9]*" | awk '{print $2}'; }
+  for run in 1 2 3; do
+    e0=$(exact tx_errors) x0=$(exact retry_exceeded) t0=$(exact timeouts)
+    port=$(pick_port)
+    timeout 120 "$USRC" exec -- ib_write_bw -d sh0 -q 128 -N -n 100 -F -p $port >"$CAP.srv" 2>&1 &
+    spid=$!
+    wait_listen "" $port || { cat "$CAP.srv"; fail "ib_write_bw -q 128 server did not listen"; }
+    timeout 120 "$USRC" exec -- ib_write_bw -d sh0 -q 128 -N -n 100 -F -p $port 127.0.0.1 >"$CAP.cli" 2>&1 ||
+      { cat "$CAP.srv" "$CAP.cli"; fail "ib_write_bw -q 128, run $run"; }
+    wait $spid || { cat "$CAP.srv"; fail "ib_write_bw -q 128 server, run $run"; }
+    spid=
+    drops=$(( $(exact tx_errors) - e0 )) exceeded=$(( $(exact retry_exceeded) - x0 ))
+    note "ib_write_bw -q 128, run $run: $(awk '$1 ~ /^[0-9]+$/ {print $4 " MB/s"}' "$CAP.cli"), $drops dropped, $(( $(exact timeouts) - t0 )) ACK timeouts"
+    [ "$drops" = 0 ] || fail "ib_write_bw -q 128: $drops packets dropped on a full ring"
+    [ "$exceeded" = 0 ] || fail "ib_write_bw -q 128: retry exceeded"
+  done
+fi
+
 # A context killed outright takes its ring with it (no file to remove).
 port=$(pick_port)
 timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sh0 -p $port >/dev/null 2>&1 &

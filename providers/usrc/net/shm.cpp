@@ -476,12 +476,13 @@ void ShmNic::add_peer(Endpoint e) {
   if (ring_of(p) && !owner_gone(p->ring->dir)) return;   // in use by a live owner
   drop_ring(*p);   // none yet, closed or dead: look again
   if (map_local(*p)) return;
-  if (p->hs_fd < 0 && !hs_start(*p)) return;
+  if (p->hs_fd >= 0) return hs_step(*p);   // under way (a slow owner): not waited for again
+  if (!hs_start(*p)) return;
   // Off the datapath (a QP's modify): wait a little for the owner, whose
   // progress pass answers; meanwhile we answer whoever asks us (the peer
   // may be in its own add_peer(), waiting for us). What is not done by
   // then goes on in later passes (maintain()), the socket carrying the
-  // traffic until it is.
+  // traffic until it is; later QPs to the same peer do not wait for it.
   for (const uint64_t until = coarse_ns() + kHsWaitNs; p->hs_fd >= 0;) {
     hs_step(*p);
     serve();

@@ -348,16 +348,19 @@ size_t Engine::progress(bool app, uint64_t now) {
   // that takes less than they send get their turns in rotation, none
   // starved by those before it in the list.)
   const size_t nlive = live_.size(), start = tx_next_ < nlive ? tx_next_ : 0;
-  tx_next_ = 0;
+  bool blocked = false;
   for (size_t k = 0; k < nlive; k++) {
-    Qp *qp = live_[start + k < nlive ? start + k : start + k - nlive];
+    const size_t i = start + k < nlive ? start + k : start + k - nlive;
+    Qp *qp = live_[i];
     if (qp->tx_psn == qp->next_psn) continue;
     if (nic_->tx_blocked(qp->peer)) {
-      if (!tx_next_) tx_next_ = (start + k) % nlive;
+      if (!blocked) tx_next_ = i;
+      blocked = true;
       continue;
     }
     requester_tx(*qp);
   }
+  if (!blocked) tx_next_ = 0;
   // Only ACKs to send (no response, resend or request): hold them, not yet
   // built, for the next transmit (the next post_send or progress), if
   // their QPs answer what they receive (see replies()).

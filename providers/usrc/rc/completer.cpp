@@ -384,6 +384,17 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       return;
     }
     qp.rto_deadline = 0;
+    if (nic_->tx_blocked(qp.peer)) {
+      // The receiver has not even taken what we sent (its ring is full,
+      // the NIC holds the rest): slow, not lossy. Resending would only
+      // queue copies behind the originals; the Local ACK Timeout still runs.
+      const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+      if (now + rto < qp.ack_deadline) {
+        qp.rto_deadline = now + rto;
+        arm_timer(qp.rto_deadline);
+      }
+      return;
+    }
     if (qp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The

@@ -348,8 +348,23 @@ size_t Engine::progress(bool app, uint64_t now) {
       i++;
     }
   }
-  for (Qp *qp : live_)
-    if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
+  // (From where the last pass found a peer with no room: QPs to a receiver
+  // that takes less than they send get their turns in rotation, none
+  // starved by those before it in the list.)
+  const size_t nlive = live_.size(), start = tx_next_ < nlive ? tx_next_ : 0;
+  bool blocked = false;
+  for (size_t k = 0; k < nlive; k++) {
+    const size_t i = start + k < nlive ? start + k : start + k - nlive;
+    Qp *qp = live_[i];
+    if (qp->tx_psn == qp->next_psn) continue;
+    if (nic_->tx_blocked(qp->peer)) {
+      if (!blocked) tx_next_ = i;
+      blocked = true;
+      continue;
+    }
+    requester_tx(*qp);
+  }
+  if (!blocked) tx_next_ = 0;
   // Only ACKs to send (no response, resend or request): hold them, not yet
   // built, for the next transmit (the next post_send or progress), if
   // their QPs answer what they receive (see replies()).
@@ -552,6 +567,9 @@ void Engine::send_batch() {
   if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);
   tx_count_ = tx_nslots_ = tx_niov_ = 0;
   grp_open_ = false;
+  // Packets the NIC holds for a receiver that has no room yet: a pass soon
+  // hands them on (and sends what waits behind them).
+  if (nic_->tx_pending()) arm_timer(stamp() + kTxRetryNs);
 }
 
 }  // namespace usrc::rc

@@ -260,6 +260,9 @@ class Engine {
   // Packets a post_send sends at once to a peer where that is cheap
   // (net::Nic::cheap_send): about a shared-memory ring slot of 64 B sends.
   static constexpr size_t kTxEager = 16;
+  // How soon a pass looks again at packets the NIC holds (Nic::tx_pending).
+  static constexpr uint64_t kTxRetryNs = 50'000;
+  size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;

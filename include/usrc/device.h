@@ -24,6 +24,13 @@ constexpr const char *kConfigFile = "usrc.conf";   // inside ibdev_dir(name)
 
 enum class LinkLayer { ib, roce };
 
+// NIC backends: udp (kernel sockets), xdp (AF_XDP), ofi (libfabric). Their
+// names (usrc.conf, `usrc link add ... backend B`) in one table.
+enum class Backend : uint8_t { udp, xdp, ofi };
+constexpr const char *kBackendNames[] = {"udp", "xdp", "ofi"};
+constexpr const char *backend_name(Backend b) { return kBackendNames[static_cast<uint8_t>(b)]; }
+std::optional<Backend> backend_of(const std::string &name);   // nullopt: no such backend
+
 // What the provider needs to know about a device; written once by
 // `usrc link add` as key=value lines into ibdev_dir(name)/usrc.conf.
 struct DeviceConfig {
@@ -37,7 +44,7 @@ struct DeviceConfig {
   uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
   uint64_t node_guid = 0;       // host byte order
   uint32_t gid_tbl_len = 1;
-  std::string backend = "udp";  // NIC backend: udp (kernel sockets), xdp (AF_XDP), ofi (libfabric)
+  Backend backend = Backend::udp;
   std::string provider;         // ofi: libfabric provider name (empty: "udp")
 
   std::string serialize() const;
@@ -69,7 +76,8 @@ constexpr uint32_t kQpsPerSlot = 1u << kQpnIndexBits;              // 4096
 constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
 
 // Counters: one file per device, a header then an array of uint64_t that
-// every process using the device adds to (relaxed atomics).
+// every process using the device adds to (relaxed atomics). usrc stats prints
+// them; usrc(7) lists them with these doc strings (man/mangen.cpp).
 #define USRC_COUNTERS(X)                                                      \
   X(tx_packets, "packets sent")                                               \
   X(rx_packets, "packets received")                                           \

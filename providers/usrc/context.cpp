@@ -17,12 +17,14 @@
 #include <random>
 
 #include "usrc/common/log.h"
+#include "usrc/common/random.h"
 #include "usrc/common/tunables.h"
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
 #include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
 #include "usrc/net/xdp.h"
+#include "usrc/progress_policy.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -49,28 +51,31 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   const Tunables &t = Tunables::get();
 
   // Pick a free process slot: its UDP port is base_port + slot. Start at a
-  // pid-derived slot so that concurrent openers rarely collide.
+  // random slot: concurrent openers rarely collide, and a process restarted
+  // with the same pid (a fresh pid namespace) does not get its
+  // predecessor's slot, hence QPNs and port, back: its predecessor's
+  // packets still on their way find no QP.
   std::unique_ptr<net::Nic> nic;
   uint32_t slot = 0, rcvbuf = 0;
   size_t max_payload = SIZE_MAX;
-  uint32_t start = static_cast<uint32_t>(getpid()) % kMaxSlots;
+  uint32_t start = random_u32() % kMaxSlots;
   for (uint32_t i = 0; i < kMaxSlots && !nic; i++) {
     slot = 1 + (start + i) % kMaxSlots;
     if (uint32_t(cfg.base_port) + slot > 65535) continue;
     int e = 0;
     net::Endpoint local{cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)};
-    if (cfg.backend == "udp") {
+    if (cfg.backend == Backend::udp) {
       auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, t.gso, &e, err);
       if (u) rcvbuf = u->rcvbuf();
       nic = std::move(u);
-    } else if (cfg.backend == "ofi") {
+    } else if (cfg.backend == Backend::ofi) {
 #ifdef USRC_HAVE_OFI
       nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, &max_payload, &e, err);
 #else
       *err = "backend ofi: this usrc was built without libfabric (libfabric-dev)";
       return nullptr;
 #endif
-    } else if (cfg.backend == "xdp") {
+    } else if (cfg.backend == Backend::xdp) {
 #ifdef USRC_HAVE_XDP
       nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
       max_payload = 4096 - 42;   // one UMEM frame less Ethernet/IPv4/UDP
@@ -81,8 +86,9 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     }
     if (!nic && e == EBUSY && err->empty()) return nullptr;   // nested libfabric probe
     if (!nic && e != EADDRINUSE) {
-      *err = "cannot open the " + cfg.backend + " NIC on the device address (" + *err + "); is " +
-             cfg.netdev + " up with that address in this network namespace?";
+      *err = std::string("cannot open the ") + backend_name(cfg.backend) +
+             " NIC on the device address (" + *err + "); is " + cfg.netdev +
+             " up with that address in this network namespace?";
       return nullptr;
     }
   }
@@ -105,7 +111,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
                     : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
                                 : 64;
   std::unique_ptr<net::Nic> dev = std::move(nic);
-  if (cfg.backend == "udp" && t.shm) {
+  if (cfg.backend == Backend::udp && t.shm) {
     // Peers on this host: through shared memory (net/shm.h).
     std::string serr;
     if (auto s = net::ShmNic::wrap(dev, &serr)) dev = std::move(s);
@@ -231,7 +237,8 @@ void Context::progress_loop() {
   // process may have it (root, CAP_SYS_NICE, RLIMIT_RTPRIO); elsewhere the
   // thread runs at normal priority. Off by default (USRC_PROGRESS_RT=1):
   // on few cores it slows programs that poll their CQs.
-  if (Tunables::get().progress_rt) {
+  const Tunables &t = Tunables::get();
+  if (t.progress_rt) {
     sched_param sp{};
     sp.sched_priority = 1;
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
@@ -240,112 +247,59 @@ void Context::progress_loop() {
   const int nic_fd = engine_->nic().wait_fd();
   pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
                    {nl_fd_, POLLIN, 0}};
-  constexpr uint64_t kNoWaitFdPollNs = 200'000;
-  // Busy polling: while packets keep coming, look again instead of going
-  // to sleep, for up to spin_ns after the last one, yielding the core to
-  // any other runnable thread. The next request or packet of a stream is
-  // then taken without a wake-up: waking a thread on an idle virtual CPU
-  // costs tens of microseconds (ib_read_lat's passive side: about 38 us
-  // a READ sleeping, 8 us spinning), and the sender's send must do the
-  // waking. Never at real-time priority: a spinning FIFO thread would keep
-  // the application off its core.
-  const uint64_t spin_ns =
-      Tunables::get().progress_rt ? 0 : uint64_t(Tunables::get().busy_poll_us) * 1000;
-  uint64_t last_rx = 0, no_spin_until = 0, last_nl = 0;
-  uint32_t contended = 0;
-  constexpr uint64_t kYieldedNs = 50'000, kNoSpinNs = 20'000'000;
-  // While the application polls its CQs it receives in its own thread; this
-  // thread then stays off the socket (two threads racing for the same
-  // packets cost a wake-up and a core each) and looks again only when the
-  // application has been quiet for kAppQuietNs.
-  const uint64_t kAppQuietNs = uint64_t(Tunables::get().app_quiet_us) * 1000;
-  // Looks found the application still polling, in a row: each one doubles
-  // the time to the next (up to kMaxBackoff doublings). Every look wakes
-  // this thread, and on a machine whose cores all poll it takes a core
-  // from one of them: a thousand looks a second cost a small-message
-  // stream about a tenth of its rate on two cores. The price is the first
-  // look after a long stretch of polling coming later (16 ms at the
-  // default USRC_APP_QUIET_US): an application that then stops polling
-  // has its packets taken, held ACKs sent and timers run that much later,
-  // once.
-  constexpr uint32_t kMaxBackoff = 4;
-  uint32_t looks_active = 0;
+  // When to take the engine, spin or sleep: progress_policy.h. Never spin
+  // at real-time priority: a spinning FIFO thread would keep the
+  // application off its core.
+  ProgressPolicy::Config pc;
+  pc.app_quiet_ns = uint64_t(t.app_quiet_us) * 1000;
+  pc.spin_ns = t.progress_rt ? 0 : uint64_t(t.busy_poll_us) * 1000;
+  pc.no_wait_fd_poll_ns = nic_fd < 0 ? 200'000 : 0;
+  ProgressPolicy policy(pc);
   while (!stop_) {
-    uint64_t now = now_ns(), deadline;
-    // (app_polled_ may be later than now: the application polls all along.)
-    const uint64_t busy_until = app_polled_.load(std::memory_order_relaxed) + kAppQuietNs;
-    const bool app_active = busy_until > now;
-    if (app_active) {
-      // The application polls: it receives and runs the timers in its own
-      // thread. Taking the engine from it would cost it a futex wake-up
-      // (and both threads a core): look again when it may have gone quiet.
-      // Until then kick() need not wake us for a timer: the application
-      // runs it.
-      deadline = std::max(busy_until, now + (kAppQuietNs << std::min(looks_active, kMaxBackoff)));
-      looks_active++;
+    uint64_t now = now_ns();
+    ProgressPolicy::Decision d = policy.next(now, app_polled_.load(std::memory_order_relaxed));
+    if (d.what == ProgressPolicy::Do::sleep) {
+      // The application polls and runs the timers itself: until it stops,
+      // kick() need not wake us for a timer.
       sleep_until_.store(0, std::memory_order_release);
       // (app_waits() wakes us: set before its look at app_polled_ below.)
       watching_.store(true, std::memory_order_seq_cst);
-      if (app_polled_.load(std::memory_order_seq_cst) + kAppQuietNs <= now) {
+      if (!policy.app_active(now, app_polled_.load(std::memory_order_seq_cst))) {
         watching_.store(false, std::memory_order_relaxed);
         continue;
       }
     } else {
       watching_.store(false, std::memory_order_relaxed);
-      looks_active = 0;
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       now = now_ns();
-      if (received) last_rx = now;
       if (now - last_flush_ > 10'000'000) {
         flush_counters();
         last_flush_ = now;
       }
-      deadline = engine_->next_deadline();
-      // Received packets held by the NIC (the rest of a coalesced receive),
-      // which do not show on its fd, or a stream on: run again at once.
-      if (engine_->nic().rx_pending()) deadline = 0;
-      // A NIC without a wait fd is looked at on a short period instead.
-      if (nic_fd < 0) deadline = std::min(deadline, now_ns() + kNoWaitFdPollNs);
-      if (deadline == UINT64_MAX) flush_counters();
+      d = policy.after_pass(now, received != 0, engine_->next_deadline(),
+                            engine_->nic().rx_pending());
+      if (d.until == UINT64_MAX) flush_counters();
       // kick() wakes us only for a timer earlier than this.
-      sleep_until_.store(deadline, std::memory_order_release);
+      sleep_until_.store(d.until, std::memory_order_release);
     }
-    if (deadline <= now) continue;
-    // Off the socket's wait queue altogether while the application polls:
-    // a waiter there, even one asking for no event, makes every sender's
-    // packet walk the queue under its lock.
-    fds[0].fd = app_active ? -1 : nic_fd;
-    if (!app_active && now - last_rx < spin_ns && now >= no_spin_until) {
-      // Spin on an otherwise idle core only: any runnable thread goes
-      // first, and a yield that gave the core away (an application
-      // spinning on its memory, as a passive RDMA target does) stops the
-      // spinning for a while: a thread that never sleeps is never woken
-      // ahead of the spinner by the scheduler either.
+    if (d.what == ProgressPolicy::Do::take_engine) continue;
+    if (d.what == ProgressPolicy::Do::spin) {
       const uint64_t t0 = now_ns();
       sched_yield();
       const uint64_t t1 = now_ns();
-      // Port events while a stream lasts, looked for every millisecond (a
-      // system call per spin would cost the spinner a tenth of its time).
-      if (nl_fd_ >= 0 && t1 - last_nl >= 1'000'000) {
-        netdev_events();
-        last_nl = t1;
-      }
-      contended = t1 - t0 > kYieldedNs ? contended + 1 : 0;
-      if (contended >= 3) {   // (once may be the hypervisor's doing)
-        no_spin_until = t1 + kNoSpinNs;
-        contended = 0;
-      }
+      if (policy.yielded(t0, t1) && nl_fd_ >= 0) netdev_events();
       continue;
     }
     timespec ts, *tsp = nullptr;
-    if (deadline != UINT64_MAX) {
-      uint64_t d = deadline - now;
-      ts = {static_cast<time_t>(d / 1000000000ull), static_cast<long>(d % 1000000000ull)};
+    if (d.until != UINT64_MAX) {
+      uint64_t w = d.until - now;
+      ts = {static_cast<time_t>(w / 1000000000ull), static_cast<long>(w % 1000000000ull)};
       tsp = &ts;
     }
     // On the socket: datagrams a backend holds elsewhere (a shared-memory
     // ring) say so now, or have a doorbell rung once we are asleep.
+    fds[0].fd = d.on_nic ? nic_fd : -1;
     const bool on_nic = fds[0].fd >= 0;
     if (on_nic && !engine_->nic().prepare_wait()) continue;
     int r = ppoll(fds, 3, tsp, nullptr);
@@ -444,11 +398,20 @@ void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
 }
 
 uint32_t Context::add_mr(Mr *mr) {
-  // Keys are never reused within a context, so a stale rkey cannot reach
-  // a newer registration.
-  uint32_t key = next_key_++;
-  mrs_[key] = mr;
-  return key;
+  // A key is an index in the low 24 bits, counted from a random start, and
+  // 8 random bits above it (as rxe's index and random byte): a peer must
+  // have been given the key, another process cannot guess it. Indices are
+  // not reused within a context (until they wrap, past 16 million
+  // registrations), so a stale rkey does not reach a newer registration;
+  // a key is unique among the live MRs.
+  if (!next_key_) next_key_ = random_u32();
+  for (;;) {
+    const uint32_t index = next_key_++ & 0xffffff;
+    const uint32_t key = (random_u32() & 0xff000000u) | index;
+    if (!index || mrs_.contains(key)) continue;
+    mrs_[key] = mr;
+    return key;
+  }
 }
 void Context::remove_mr(uint32_t key) {
   mrs_.erase(key);

@@ -180,7 +180,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::array<uint64_t, kNumCounters> flushed_{};
   uint64_t last_flush_ = 0;
   std::unordered_map<uint32_t, Mr *> mrs_;
-  uint32_t next_key_ = 0x100;
+  uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet
   // The MR found last (a stream posts from the same one, WR after WR).
   uint32_t last_key_ = 0;
   Mr *last_mr_ = nullptr;

@@ -5,15 +5,22 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <linux/capability.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 
 #include <functional>
 #include <random>
+#include <thread>
 
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
@@ -243,8 +250,46 @@ std::unique_ptr<net::Nic> shm_nic(net::Endpoint e) {
   return s;
 }
 
+// Whether a context of endpoint e listens for writers of its ring.
 bool shm_exists(net::Endpoint e) {
-  return access(("/dev/shm" + net::ShmNic::ring_name(e)).c_str(), F_OK) == 0;
+  const std::string name = net::ShmNic::socket_name(e);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  const bool ok = connect(s, reinterpret_cast<sockaddr *>(&a),
+                          socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size())) == 0;
+  close(s);
+  return ok;
+}
+
+// w gets the ring of the context at `to` (served by `owner` if it is in
+// this thread's hands, else by its own process): true once it did.
+bool get_ring(net::Nic &w, net::Endpoint to, net::Nic *owner = nullptr) {
+  net::RxPacket out[8];
+  for (uint64_t end = wall_ns() + 10'000'000'000ull; wall_ns() < end;) {
+    w.add_peer(to);
+    if (w.cheap_send(to)) return true;
+    if (owner) owner->recv({out, 8});
+    w.recv({out, 8});
+    usleep(1000);
+  }
+  return false;
+}
+
+// Runs `owner`'s receive passes (which answer handshakes) until child exits;
+// its exit status. *got counts the datagrams received meanwhile.
+int serve_until_exit(net::Nic &owner, pid_t child, size_t *got = nullptr) {
+  net::RxPacket out[8];
+  int status = 0;
+  for (;;) {
+    const pid_t r = waitpid(child, &status, WNOHANG);
+    if (r == child) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return -1;
+    const size_t n = owner.recv({out, 8});
+    if (got) *got += n;
+    usleep(200);
+  }
 }
 
 // Receives until `want` datagrams came or a second passed.
@@ -363,26 +408,40 @@ struct ShmPair {
   }
 };
 
-TEST_CASE("shm: a full ring drops what does not fit, and takes more once read", "[nic]") {
+TEST_CASE("shm: a full ring is back-pressure: what does not fit waits, in order, and goes once there is room", "[nic]") {
   ShmPair s(26210);
   auto &a = s.a, &b = s.b;
   auto &v = s.v;
   auto &p = s.p;
+  const net::Endpoint to = b->local();
   size_t sent = 0;
+  CHECK_FALSE(a->tx_blocked(to));
   for (v = 0; v < net::ShmNic::kSlots + 10; v++) sent += a->send({&p, 1});
-  CHECK(sent == net::ShmNic::kSlots);
+  CHECK(sent == net::ShmNic::kSlots + 10);   // taken, none dropped
+  CHECK(a->tx_blocked(to));
+  CHECK(a->tx_pending());
+  // Built in place behind them: no (send() queues it after them).
+  size_t room = 0;
+  CHECK(a->tx_begin(to, 0, &room) == nullptr);
   auto got = take(*b, net::ShmNic::kSlots);
   REQUIRE(got.size() == net::ShmNic::kSlots);
+  // The last datagrams handed out are freed by the next receive; the
+  // sender's next pass (a receive, here) hands on what waited.
+  CHECK(b->recv({}) == 0);
+  net::RxPacket none[1];
+  a->recv({none, 1});
+  CHECK_FALSE(a->tx_blocked(to));
+  CHECK_FALSE(a->tx_pending());
+  v = net::ShmNic::kSlots + 10;
+  CHECK(a->send({&p, 1}) == 1);
+  auto more = take(*b, 11);
+  REQUIRE(more.size() == 11);
+  got.insert(got.end(), more.begin(), more.end());
   for (uint32_t i = 0; i < got.size(); i++) {
     uint32_t x;
     std::memcpy(&x, got[i].data(), 4);
-    CHECK(x == i);   // in order, the first kSlots
+    CHECK(x == i);   // every one, in order
   }
-  v = 7;
-  // The last datagrams handed out are freed by the next receive.
-  CHECK(b->recv({}) == 0);
-  CHECK(a->send({&p, 1}) == 1);
-  CHECK(take(*b, 1).size() == 1);
 }
 
 TEST_CASE("shm: a sleeping receiver is woken by a doorbell on its socket, which it drops", "[nic]") {
@@ -410,6 +469,60 @@ TEST_CASE("shm: a sleeping receiver is woken by a doorbell on its socket, which 
   CHECK(take(*b, 1).size() == 1);
 }
 
+// The same doorbell with real threads, the race at its tightest: each
+// message is sent as the receiver, having taken the one before, finds the
+// ring empty and goes to sleep. The receiver either learns from
+// prepare_wait that a message is there or is rung awake. A missed doorbell
+// is a sleep with no doorbell on the socket while a message whose send()
+// has returned waits in the ring: counted as such, so no time limit decides
+// it and a loaded machine is only slower.
+TEST_CASE("shm: no doorbell is missed by a receiver going to sleep as the sender sends", "[nic]") {
+  ShmPair s(26300);
+  auto &a = s.a, &b = s.b;
+  constexpr uint32_t kMsgs = 2000;
+  std::atomic<uint32_t> sent{0}, taken{0};
+  std::thread tx([&] {
+    for (uint32_t i = 0; i < kMsgs; i++) {
+      while (taken.load(std::memory_order_acquire) < i) sched_yield();
+      s.v = i;
+      while (a->send({&s.p, 1}) != 1) sched_yield();
+      sent.store(i + 1, std::memory_order_release);
+    }
+  });
+  uint32_t got = 0, bad = 0, slept = 0, rung = 0, missed = 0;
+  net::RxPacket out[8];
+  pollfd pf{b->wait_fd(), POLLIN, 0};
+  while (got < kMsgs) {
+    if (const size_t k = b->recv({out, 8})) {
+      for (size_t i = 0; i < k; i++, got++) {
+        uint32_t x = ~0u;
+        if (out[i].len == 4) std::memcpy(&x, out[i].data, 4);
+        bad += x != got;
+      }
+      taken.store(got, std::memory_order_release);
+      continue;
+    }
+    if (!b->prepare_wait()) continue;   // a message came meanwhile
+    slept++;
+    for (;;) {
+      if (poll(&pf, 1, 10) == 1) {
+        rung++;
+        break;
+      }
+      if (sent.load(std::memory_order_acquire) > got && poll(&pf, 1, 0) == 0) {
+        missed++;   // sent, asleep, and nobody rang
+        break;
+      }
+    }
+    b->end_wait();
+  }
+  tx.join();
+  INFO(slept << " sleeps, " << rung << " rung awake");
+  CHECK(bad == 0);
+  CHECK(missed == 0);
+  CHECK(rung > 0);
+}
+
 TEST_CASE("shm: a peer without a ring, or gone, is reached over the socket", "[nic]") {
   constexpr uint16_t kBase = 26230;
   auto a = shm_nic({0x7f000001, kBase});
@@ -429,7 +542,7 @@ TEST_CASE("shm: a peer without a ring, or gone, is reached over the socket", "[n
   p.dst = b->local();
   REQUIRE(a->send({&p, 1}) == 1);
   CHECK(take(*b, 1).size() == 1);
-  b.reset();   // closes: the ring is retired and removed
+  b.reset();   // closes: the ring is retired, its socket gone
   CHECK_FALSE(shm_exists({0x7f000001, kBase + 2}));
   CHECK(a->send({&p, 1}) <= 1);   // the socket now (nobody listens): no crash
   // A new owner of the endpoint: found at the next add_peer.
@@ -439,7 +552,7 @@ TEST_CASE("shm: a peer without a ring, or gone, is reached over the socket", "[n
   CHECK(take(*b, 1).size() == 1);
 }
 
-TEST_CASE("shm: the ring of a process that died is removed by the next context", "[nic]") {
+TEST_CASE("shm: a ring is in no file, and goes with its process (not kept by the process's children)", "[nic]") {
   constexpr uint16_t kBase = 26240;
   const net::Endpoint dead{0x7f000001, kBase};
   pid_t pid = fork();
@@ -448,27 +561,31 @@ TEST_CASE("shm: the ring of a process that died is removed by the next context",
     int en = 0;
     std::unique_ptr<net::Nic> u = net::UdpNic::open(dead, 1 << 20, 32, 64, &en, &err);
     auto s = u ? net::ShmNic::wrap(u, &err) : nullptr;
-    // A child of its own outlives it: it must not keep the ring looking
-    // owned (fork shares the owner's lock). It lets go of the UDP socket,
-    // which would keep the port from the next run of this test.
+    // A child of its own outlives it: it must not keep the ring's socket
+    // (fork shares it). It lets go of the UDP socket, which would keep the
+    // port from the next run of this test.
     if (fork() == 0) {
       for (const auto &e : std::filesystem::directory_iterator("/proc/self/fd")) {
-        std::error_code ec;
-        const auto target = std::filesystem::read_symlink(e.path(), ec).string();
-        if (!ec && target.rfind("socket:", 0) == 0) close(std::stoi(e.path().filename().string()));
+        const int fd = std::atoi(e.path().filename().c_str());
+        int domain = 0;
+        socklen_t l = sizeof domain;
+        if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l) == 0 && domain == AF_INET) close(fd);
       }
       usleep(3'000'000);
       _exit(0);
     }
-    _exit(s ? 0 : 1);   // no destructor: the ring stays behind
+    _exit(s && shm_exists(dead) ? 0 : 1);   // no destructor
   }
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
-  REQUIRE(shm_exists(dead));
-  auto a = shm_nic({0x7f000001, kBase + 1});
   CHECK_FALSE(shm_exists(dead));
+  // Nothing under /dev/shm names it either.
+  char ep[32];
+  std::snprintf(ep, sizeof ep, "7f000001.%u", unsigned(kBase));
+  for (const auto &e : std::filesystem::directory_iterator("/dev/shm"))
+    CHECK(e.path().filename().string().find(ep) == std::string::npos);
 }
 
 TEST_CASE("shm: writers in several processes at once: every datagram arrives once, intact, in each writer's order", "[nic]") {
@@ -486,7 +603,7 @@ TEST_CASE("shm: writers in several processes at once: every datagram arrives onc
           net::UdpNic::open({0x7f000001, uint16_t(kBase + 1 + w)}, 1 << 20, 32, 64, &en, &err);
       auto tx = u ? net::ShmNic::wrap(u, &err) : nullptr;
       if (!tx) _exit(1);
-      tx->add_peer(rx->local());
+      if (!get_ring(*tx, rx->local())) _exit(3);   // (the parent's receive loop answers)
       // Datagram i of writer w: its header, then a pattern of a size that
       // varies with i (8 to 1007 bytes).
       std::vector<uint8_t> b(1024);
@@ -497,10 +614,14 @@ TEST_CASE("shm: writers in several processes at once: every datagram arrives onc
         for (uint32_t k = 8; k < len; k++) b[k] = uint8_t(w * 31 + i + k);
         iovec iov{b.data(), len};
         net::TxPacket p{rx->local(), &iov, 1};
-        for (uint64_t end = wall_ns() + 10'000'000'000ull; tx->send({&p, 1}) != 1;) {
-          if (wall_ns() > end) _exit(2);   // the ring never had room
-          sched_yield();
-        }
+        if (tx->send({&p, 1}) != 1) _exit(2);   // (a full ring: it waits in the backlog)
+        if (tx->tx_blocked(rx->local())) sched_yield();
+      }
+      // What waits goes on at our next passes.
+      net::RxPacket none[1];
+      for (uint64_t end = wall_ns() + 10'000'000'000ull; tx->tx_pending(); sched_yield()) {
+        if (wall_ns() > end) _exit(4);   // the ring never had room
+        tx->recv({none, 1});
       }
       _exit(0);
     }
@@ -596,12 +717,10 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
     pid = fork();
     if (pid == 0) {
       auto c = shm_nic({0x7f000001, uint16_t(kBase + 3)});
-      c->add_peer(to);
+      if (!get_ring(*c, to)) _exit(2);
       _exit(c->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
     }
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == (live ? 0 : 1));
+    CHECK(serve_until_exit(*owner, pid) == (live ? 0 : 1));
     CHECK(buf[100] == (live ? 'h' : 0));
   }
   CHECK(std::memcmp(buf.data() + 100, "hello", 5) == 0);
@@ -622,8 +741,9 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
     char x = 1;
     (void)!write(ready[1], &x, 1);
     // (The kernel copies in order, not at once: wait for the last byte.)
-    for (uint64_t end = wall_ns() + 5'000'000'000ull; mem[4] != 'o' && wall_ns() < end;) {
-    }
+    // Meanwhile our receive passes answer the writer's handshake.
+    net::RxPacket out[8];
+    for (uint64_t end = wall_ns() + 10'000'000'000ull; mem[4] != 'o' && wall_ns() < end;) c->recv({out, 8});
     x = mem[0] == 'h' && mem[1] == 'e' && mem[2] == 'l' && mem[3] == 'l' && mem[4] == 'o';
     (void)!write(done[1], &x, 1);
     pause();   // killed: the ring stays behind, its owner dead
@@ -631,7 +751,7 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   }
   char x = 0;
   REQUIRE(read(ready[0], &x, 1) == 1);
-  w->add_peer(child);
+  REQUIRE(get_ring(*w, child));
   CHECK(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
   REQUIRE(read(done[0], &x, 1) == 1);
   CHECK(x == 1);   // the child saw the bytes
@@ -639,7 +759,50 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   REQUIRE(waitpid(pid, &status, 0) == pid);
   CHECK_FALSE(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
   for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
-  // (The dead child's ring is removed by the next context's sweep.)
-  auto sweep = shm_nic({0x7f000001, uint16_t(kBase + 5)});
+  // Its socket went with it, and the writer lets go of its ring (the
+  // memory goes with the last mapping): the socket from now on.
   CHECK_FALSE(shm_exists(child));
+  net::RxPacket out[8];
+  for (uint64_t end = wall_ns() + 5'000'000'000ull; w->cheap_send(child) && wall_ns() < end;) {
+    w->recv({out, 8});
+    usleep(1000);
+  }
+  CHECK_FALSE(w->cheap_send(child));
+}
+
+// The ring goes only to a process the kernel would let write the owner's
+// memory (ptrace's rules): not to one of the same user that may not ptrace
+// it (here the owner is not dumpable and the writer lacks CAP_SYS_PTRACE),
+// which then reaches it through the socket, and not to one that cannot
+// answer the challenge.
+TEST_CASE("shm: a writer that may not ptrace the owner gets no ring, and uses the socket", "[nic]") {
+  constexpr uint16_t kBase = 26290;
+  auto owner = shm_nic({0x7f000001, kBase});
+  const net::Endpoint to = owner->local();
+  REQUIRE(prctl(PR_SET_DUMPABLE, 0) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct d[2]{};
+    if (syscall(SYS_capget, &h, d) != 0) _exit(10);
+    d[0].effective &= ~(1u << CAP_SYS_PTRACE);
+    d[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+    if (syscall(SYS_capset, &h, d) != 0) _exit(11);
+    auto c = shm_nic({0x7f000001, uint16_t(kBase + 1)});
+    c->add_peer(to);
+    net::RxPacket out[8];
+    for (uint64_t end = wall_ns() + 300'000'000ull; wall_ns() < end;) c->recv({out, 8});
+    if (c->cheap_send(to)) _exit(1);   // it got the ring
+    // A datagram still arrives, over the socket.
+    uint32_t v = 42;
+    iovec iov{&v, sizeof v};
+    net::TxPacket p{to, &iov, 1};
+    _exit(c->send({&p, 1}) == 1 ? 0 : 2);
+  }
+  size_t got = 0;
+  const int st = serve_until_exit(*owner, pid, &got);
+  prctl(PR_SET_DUMPABLE, 1);
+  CHECK(st == 0);
+  if (!got) got = take(*owner, 1).size();
+  CHECK(got == 1);
 }

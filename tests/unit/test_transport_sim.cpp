@@ -2,16 +2,21 @@
 // network: exactly-once, in-order, byte-exact delivery under drop,
 // duplication, reordering, delay and corruption, and the right error
 // statuses when the peer vanishes or retries run out.
+#include <arpa/inet.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 
 #include "usrc/net/sim.h"
+#include "usrc/progress_policy.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
+#include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
 
 using namespace usrc;
@@ -458,14 +463,20 @@ TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[
   Pair p(4);
   p.a.qp->rnr_retry = 2;
   p.a.qp->rnr_left = 2;
+  p.b.qp->min_rnr_timer = 24;   // 40.96 ms in each RNR NAK
   SendWr w;
   w.wr_id = 1;
   w.flags = kSignaled;
+  const uint64_t t0 = p.net.now();
   REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   std::vector<Completion> sc;
   REQUIRE(p.collect(sc, 1));
   CHECK(sc[0].status == WcStatus::rnr_retry_exc_err);
   CHECK(p.b.e->counters[uint32_t(Counter::rnr_naks_sent)] == 3);
+  // The requester waited the NAK's time (IBA table 45) twice, no longer.
+  const uint64_t elapsed = p.net.now() - t0;
+  CHECK(elapsed >= 2 * rnr_timer_ns(24));
+  CHECK(elapsed < 2 * rnr_timer_ns(24) + 1'000'000);
 }
 
 TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted", "[sim]") {
@@ -550,6 +561,36 @@ TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive"
   CHECK(target[99] == 0);
   CHECK(target[50100] == 0);
   CHECK(target[80000] == 0);
+}
+
+TEST_CASE("a rate-limited QP is paced at its rate, neither faster nor slower", "[sim]") {
+  Pair p(10);
+  p.a.qp->rate_bps = 200'000'000;   // IBV_QP_RATE_LIMIT 200000 kbit/s
+  std::vector<uint8_t> target(1 << 20), src(1 << 20, 3);
+  p.b.mem.regions[77] = {target.data(), 0x10000, target.size(), kAccessRemoteWrite};
+  const uint64_t t0 = p.net.now();
+  for (int i = 0; i < 4; i++) {
+    SendWr w;
+    w.wr_id = uint64_t(i);
+    w.opcode = WrOpcode::rdma_write;
+    w.flags = kSignaled;
+    w.remote_va = 0x10000;
+    w.rkey = 77;
+    w.num_sge = 1;
+    w.sge[0] = {src.data(), uint32_t(src.size())};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  }
+  std::vector<Completion> sc;
+  REQUIRE(p.collect(sc, 4));
+  for (auto &c : sc) CHECK(c.status == WcStatus::success);
+  CHECK(target == src);
+  // 4096 packets of 1 KB, each counted with 64 bytes of headers, less the
+  // 64 KB burst the token bucket allows at once.
+  const double paced = (4096.0 * (1024 + 64) - 65536) * 8 / 200e6 * 1e9;
+  const uint64_t elapsed = p.net.now() - t0;
+  INFO("4 MB in " << elapsed / 1000 << " us of virtual time; paced " << uint64_t(paced / 1000) << " us");
+  CHECK(double(elapsed) >= paced * 0.98);
+  CHECK(double(elapsed) <= paced * 1.05);
 }
 
 TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower", "[sim]") {
@@ -1284,6 +1325,152 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
         REQUIRE(rcv[i].byte_len == sent_len[i]);
         REQUIRE(std::memcmp(rx.data() + 9000 * i, src.data() + 200000 + 9000 * i, sent_len[i]) == 0);
       }
+    }
+  }
+}
+
+// A SEND ONLY of 64 bytes to qpn with psn, from src to dst, as anyone could
+// build it: with its ICRC, or 0 where a same-host sender leaves it out.
+static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint dst, uint32_t qpn,
+                        uint32_t psn, bool icrc) {
+  std::vector<uint8_t> b(wire::kBthLen + 64 + wire::kIcrcLen, 0xee);
+  const uint32_t w[3] = {htonl(uint32_t(wire::Opcode::RC_SEND_ONLY) << 24 | 0xffff), htonl(qpn),
+                         htonl(0x80000000u | psn)};
+  std::memcpy(b.data(), w, sizeof w);
+  iovec v{b.data(), b.size() - wire::kIcrcLen};
+  wire::store_icrc(b.data() + v.iov_len, icrc ? wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1) : 0);
+  net::SimNic nic(net, src);
+  iovec all{b.data(), b.size()};
+  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
+}
+
+TEST_CASE("a QP takes packets only from its peer's port, or the one its flow label gives", "[sim]") {
+  for (const bool local : {false, true}) {
+    for (const bool label : {false, true}) {
+      INFO("same host " << local << ", flow label " << label);
+      Pair p(31);
+      if (local) p.same_host();   // (the receive path's short cuts)
+      const net::Endpoint ea = p.b.qp->peer, eb = p.a.qp->peer;
+      const uint16_t lport = 0xc000 | 0x123;   // flow label 0x123
+      if (label) p.a.qp->sport = p.b.qp->sport = lport;
+      std::vector<uint8_t> rx(128 * 8);
+      for (uint64_t i = 0; i < 8; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0);
+      const uint32_t psn = p.b.qp->epsn;
+      auto &drops = p.b.e->counters[uint32_t(Counter::wrong_source_drops)];
+      // The peer's address, another port: any other port at or above
+      // 0xC000, the label's port where the path has no label, the peer's
+      // slot's neighbour.
+      for (const uint16_t port : {uint16_t(0xc000), uint16_t(0xfffe), uint16_t(lport + 1),
+                                  label ? uint16_t(ea.port + 1) : lport, uint16_t(ea.port + 1)})
+        send_forged(p.net, {ea.ip, port}, eb, p.b.qp->qpn, psn, !local);
+      // ... and the peer's port at another address.
+      send_forged(p.net, {ea.ip + 1, ea.port}, eb, p.b.qp->qpn, psn, !local);
+      p.run([] { return false; }, p.net.now() + 10'000'000);
+      CHECK(drain(p.b.rcq).empty());
+      CHECK(drops == 6);
+      CHECK(p.b.qp->epsn == psn);
+      // From the peer's own port, and with a label from the label's port.
+      send_forged(p.net, ea, eb, p.b.qp->qpn, psn, !local);
+      if (label) send_forged(p.net, {ea.ip, lport}, eb, p.b.qp->qpn, psn_add(psn, 1), !local);
+      p.run([] { return false; }, p.net.now() + 10'000'000);
+      CHECK(drain(p.b.rcq).size() == (label ? 2u : 1u));
+      CHECK(drops == 6);
+      CHECK(rx[0] == 0xee);
+    }
+  }
+}
+
+TEST_CASE("QPNs are unique in a context, and a destroyed QP's is not the next one handed out", "[sim]") {
+  net::SimNetwork net(1);
+  Mem mem;
+  Engine e(std::make_unique<net::SimNic>(net, net::Endpoint{0x0a000001, Pair::kBase + 7}), 7, Pair::kBase,
+           [&] { return net.now(); }, &mem, nullptr);
+  Qp *first = e.create_qp(1, 1);
+  const uint32_t gone = first->qpn;
+  e.destroy_qp(first);   // (in RESET: reaped at once)
+  std::set<uint32_t> seen;
+  uint32_t next_ones = 0, prev = 0;
+  for (uint32_t i = 0; i < kQpsPerSlot; i++) {
+    Qp *q = e.create_qp(1, 1);
+    REQUIRE(q);
+    REQUIRE(slot_of_qpn(q->qpn) == 7);
+    REQUIRE(seen.insert(q->qpn).second);
+    if (i == 0) CHECK(q->qpn != gone);
+    next_ones += i && q->qpn == prev + 1;
+    prev = q->qpn;
+  }
+  CHECK(e.create_qp(1, 1) == nullptr);   // all 4096 taken
+  CHECK(next_ones < kQpsPerSlot - 1);    // not handed out in order
+}
+
+// The progress thread's policy (ProgressPolicy) driving a real engine in
+// virtual time: b's application polls its CQs (receiving in its own
+// thread, as try_progress does) and then stops, or arms a CQ for an event;
+// b's progress thread follows the policy as Context::progress_loop does
+// (a NIC with a wait fd: any packet in flight may wake it when it sleeps
+// on the NIC). a's engine is served all along. A SEND from a after b's
+// application stopped polling completes at b, and its ACK at a, within
+// the policy's bound; after an arm, at once.
+TEST_CASE("the progress thread's policy hands a stopped poller's engine over within its bound", "[sim]") {
+  constexpr uint64_t kUs = 1000, kMs = 1000 * kUs, kStep = 1 * kUs;
+  for (bool arm : {false, true}) {
+    Pair p(21);
+    ProgressPolicy::Config cfg;   // the defaults: USRC_APP_QUIET_US=1000, USRC_BUSY_POLL_US=50
+    ProgressPolicy pol(cfg);
+    std::vector<uint8_t> tx(100, 0x3c), rx(128, 0);
+    REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 128, 1)) == 0);
+    const uint64_t t0 = p.net.now(), stop = t0 + 200 * kMs;
+    uint64_t app_polled = 0, wake = 0, takes_while_polling = 0, looks = 0;
+    bool asleep = false, on_nic = false, sent = false;
+    uint64_t recv_done = 0, send_done = 0;
+    for (uint64_t now = t0; now < stop + 100 * kMs && !(recv_done && send_done); now += kStep) {
+      p.net.advance(now - p.net.now());
+      p.a.e->progress();
+      if (now <= stop) {   // b's application polls (its empty polls receive)
+        app_polled = now;
+        p.b.e->progress(true, now);
+      } else if (arm && app_polled) {   // it arms a CQ instead: app_waits()
+        app_polled = 0;
+        asleep = false;   // (the eventfd, as the thread watches)
+      }
+      if (now == stop + kStep) {   // the SEND, as b's application stopped
+        REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 7)) == 0);
+        sent = true;
+      }
+      // b's progress thread.
+      if (asleep && (now >= wake || (on_nic && p.net.next_delivery() <= now))) asleep = false;
+      while (!asleep) {
+        ProgressPolicy::Decision d = pol.next(now, app_polled);
+        if (d.what != ProgressPolicy::Do::sleep) {
+          if (now <= stop) takes_while_polling++;
+          d = pol.after_pass(now, p.b.e->progress() != 0, p.b.e->next_deadline(), p.b.e->nic().rx_pending());
+        } else {
+          looks++;
+        }
+        if (d.what == ProgressPolicy::Do::take_engine) continue;
+        if (d.what == ProgressPolicy::Do::spin) {
+          pol.yielded(now, now + kStep);   // (a yield that costs the step)
+          break;
+        }
+        asleep = true, wake = d.until, on_nic = d.on_nic;
+      }
+      if (sent && !recv_done && !drain(p.b.rcq).empty()) recv_done = now;
+      if (sent && !send_done && !drain(p.a.scq).empty()) send_done = now;
+    }
+    INFO((arm ? "armed" : "stopped") << ": received " << (recv_done - stop) / kUs << " us, ACKed "
+                                     << (send_done - stop) / kUs << " us after the last poll; "
+                                     << looks << " looks in 200 ms of polling");
+    CHECK(takes_while_polling == 0);
+    CHECK(looks <= 4 + 185 / 16 + 2);   // 1, 2, 4, 8, then every 16 ms
+    REQUIRE(recv_done);
+    REQUIRE(send_done);
+    CHECK(rx[0] == 0x3c);
+    if (arm) {
+      CHECK(recv_done - stop <= 10 * kUs);   // the thread took over at the arm
+      CHECK(send_done - stop <= 1 * kMs);
+    } else {
+      CHECK(recv_done - stop <= 17 * kMs);   // at most 16 quiet times after the last look
+      CHECK(send_done - stop <= 18 * kMs);
     }
   }
 }

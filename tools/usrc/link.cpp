@@ -130,9 +130,9 @@ int link_add(const LinkAddArgs &a) {
   if (!std::regex_match(a.name, std::regex("[A-Za-z0-9_-]{1,31}")))
     return fail("bad device name '" + a.name + "' (letters, digits, '_' and '-', at most 31)");
   if (a.type != "ib" && a.type != "roce") return fail("type must be ib or roce");
-  if (a.backend != "udp" && a.backend != "xdp" && a.backend != "ofi")
-    return fail("backend must be udp, xdp or ofi");
-  if (!a.provider.empty() && a.backend != "ofi") return fail("provider applies to backend ofi only");
+  const std::optional<Backend> backend = backend_of(a.backend);
+  if (!backend) return fail("backend must be udp, xdp or ofi");
+  if (!a.provider.empty() && backend != Backend::ofi) return fail("provider applies to backend ofi only");
   if (a.port < 1024 || a.port > 65535 - int(kMaxSlots))
     return fail("port must be 1024.." + std::to_string(65535 - kMaxSlots));
   unsigned ifindex = if_nametoindex(a.netdev.c_str());
@@ -164,10 +164,10 @@ int link_add(const LinkAddArgs &a) {
   c.active_mtu = active_mtu_for(mtu);
   // libfabric's udp provider carries at most 1472 bytes (a 1500-byte
   // Ethernet MTU) whatever the netdev: keep ofi packets within it.
-  if (a.backend == "ofi") c.active_mtu = std::min<uint32_t>(c.active_mtu, 1024);
+  if (backend == Backend::ofi) c.active_mtu = std::min<uint32_t>(c.active_mtu, 1024);
   if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
   c.base_port = static_cast<uint16_t>(a.port);
-  c.backend = a.backend;
+  c.backend = *backend;
   c.provider = a.provider;
   c.node_guid = make_guid(a.name, c.ipv4);
 
@@ -379,13 +379,13 @@ int link_show(const std::string &name, bool json) {
              "\"udp_port\":%u,\"uverbs\":\"%s\",\"backend\":\"%s\"%s%s%s}",
              first ? "" : ",", n.c_str(), c->netdev.c_str(), type, c->lid,
              ip_str(c->ipv4).c_str(), c->active_mtu, c->base_port, uverbs_of(n).c_str(),
-             c->backend.c_str(), c->provider.empty() ? "" : ",\"provider\":\"",
+             backend_name(c->backend), c->provider.empty() ? "" : ",\"provider\":\"",
              c->provider.c_str(), c->provider.empty() ? "" : "\"");
     } else {
       printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
              "mtu %u port %u backend %s%s%s\n",
              n.c_str(), c->netdev.c_str(), type, c->lid, ip_str(c->ipv4).c_str(), c->active_mtu,
-             c->base_port, c->backend.c_str(), c->provider.empty() ? "" : " provider ",
+             c->base_port, backend_name(c->backend), c->provider.empty() ? "" : " provider ",
              c->provider.c_str());
     }
     first = false;

@@ -70,7 +70,13 @@ int main(int argc, char **argv) {
     return exec_cmd(std::vector<std::string>(argv + first, argv + argc));
   }
 
-  CLI11_PARSE(app, argc, argv);
+  // A usage error exits with 2 (usrc(8)), whichever part of the command
+  // line CLI11 found wrong; --help and --version exit with 0.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   if (*ladd) {
     if (int rc = parse_link_words(words, add)) return rc;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace usrc {
@@ -26,6 +27,12 @@ static const char *const kCounterDocs[] = {
 const char *counter_name(Counter c) { return kCounterNames[static_cast<uint32_t>(c)]; }
 const char *counter_doc(Counter c) { return kCounterDocs[static_cast<uint32_t>(c)]; }
 
+std::optional<Backend> backend_of(const std::string &name) {
+  for (uint8_t i = 0; i < std::size(kBackendNames); i++)
+    if (name == kBackendNames[i]) return static_cast<Backend>(i);
+  return std::nullopt;
+}
+
 static std::string ip_str(uint32_t host_order) {
   in_addr a{htonl(host_order)};
   char buf[INET_ADDRSTRLEN];
@@ -44,7 +51,7 @@ std::string DeviceConfig::serialize() const {
     << "base_port=" << base_port << "\n"
     << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
     << "gid_tbl_len=" << gid_tbl_len << "\n"
-    << "backend=" << backend << "\n";
+    << "backend=" << backend_name(backend) << "\n";
   if (!provider.empty()) o << "provider=" << provider << "\n";
   return o.str();
 }
@@ -80,8 +87,9 @@ std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::st
       else if (k == "node_guid") c.node_guid = std::stoull(v, nullptr, 0);
       else if (k == "gid_tbl_len") c.gid_tbl_len = std::stoul(v);
       else if (k == "backend") {
-        if (v != "udp" && v != "xdp" && v != "ofi") return fail("bad backend: " + v);
-        c.backend = v;
+        auto b = backend_of(v);
+        if (!b) return fail("bad backend: " + v);
+        c.backend = *b;
       } else if (k == "provider") c.provider = v;
       // Unknown keys are ignored so that newer tools can add keys.
     }

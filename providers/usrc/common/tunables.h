@@ -1,5 +1,6 @@
 // Every tunable of usrc, in one place. Each is read once from the
-// environment variable named in the table; README.md documents them.
+// environment variable named in the table; usrc(7) is generated from it
+// (man/mangen.cpp), so the doc string is what users read.
 #pragma once
 #include <cstdint>
 

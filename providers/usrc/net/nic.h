@@ -100,6 +100,13 @@ class Nic {
   // end_wait() follows every true, once awake. Thread-safe against recv().
   virtual bool prepare_wait() { return true; }
   virtual void end_wait() {}
+  // Back-pressure: datagrams to dst that send() took (and counted as sent)
+  // but could not hand on yet (a full shared-memory ring); they go on, in
+  // order, at later send() and recv() calls. The transport sends dst
+  // nothing new meanwhile, and tx_pending() asks it to call in again soon
+  // while any wait.
+  virtual bool tx_blocked(Endpoint /*dst*/) { return false; }
+  virtual bool tx_pending() const { return false; }
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.

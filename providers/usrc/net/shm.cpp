@@ -1,13 +1,16 @@
 #include "usrc/net/shm.h"
 
-#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +19,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <vector>
 
 #include "usrc/common/copy.h"
 #include "usrc/common/guard.h"
@@ -25,7 +29,7 @@ namespace usrc::net {
 namespace {
 
 constexpr uint64_t kMagic = 0x31676e6972637375ull;   // "usrcring1"-ish, little-endian
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr uint64_t kMask = ShmNic::kSlots - 1;
 static_assert((ShmNic::kSlots & kMask) == 0, "a power of two");
 // The doorbell: a UDP datagram too short to be an IBA packet.
@@ -81,16 +85,15 @@ struct ShmDirectory {
   static constexpr uint32_t kRegions = 4096, kGates = 1024;
   // Locked by the owner's progress thread while it runs (robust): a
   // writer's failed trylock says, without a system call, that the pid
-  // below is still the owner's (the kernel marks the lock when that
+  // it got from the owner's socket is still the owner's (the kernel marks the lock when that
   // thread dies, before its pid can be reused).
   pthread_mutex_t life;
   pthread_mutex_t mu;   // robust, process-shared
-  // The owner process: its pid means something only in its pid namespace
-  // (containers may share /dev/shm and the network namespace, not pids);
-  // `self` tells the owner's own process apart (pids may be equal across
-  // namespaces).
-  int32_t pid;
-  uint64_t pidns_dev, pidns_ino;
+  // Set once the owner's progress thread took `life`: from then on a free
+  // `life` means that thread is gone.
+  std::atomic<uint32_t> threaded;
+  // The owner process: a context of the same process writes with memcpy
+  // (a child of fork() is another process).
   uint64_t self;
   ShmRegion regions[kRegions];
   ShmGate gates[kGates];
@@ -149,12 +152,7 @@ static bool owner_alive(ShmDirectory &d) {
   return false;
 }
 
-static void pid_namespace(uint64_t *dev, uint64_t *ino) {
-  struct stat st {};
-  if (stat("/proc/self/ns/pid", &st) != 0) st = {};
-  *dev = st.st_dev;
-  *ino = st.st_ino;
-}
+
 
 // This process, among all that share the ring files: random, drawn anew
 // in a child of fork.
@@ -176,59 +174,137 @@ static uint64_t process_self() {
   return self_token.load(std::memory_order_relaxed);
 }
 
-// "/usrc.<uid>.<netns inode>.": the rings this process may talk to.
-static std::string ring_prefix() {
-  struct stat st {};
-  const unsigned long long ns = stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;
-  return "/usrc." + std::to_string(getuid()) + "." + std::to_string(ns) + ".";
+// The socket through which writers ask for an endpoint's ring: an abstract
+// unix socket, which belongs to the network namespace as the endpoint does
+// and disappears with its owner, named after the endpoint and the user.
+static sockaddr_un ring_socket(Endpoint e, socklen_t *len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const int n = std::snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "usrc.%u.%08x.%u",
+                              static_cast<unsigned>(geteuid()), e.ip, static_cast<unsigned>(e.port));
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
 }
 
-std::string ShmNic::ring_name(Endpoint e) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%08x.%u", e.ip, static_cast<unsigned>(e.port));
-  return ring_prefix() + b;
+std::string ShmNic::socket_name(Endpoint e) {
+  socklen_t len;
+  const sockaddr_un a = ring_socket(e, &len);
+  return std::string(a.sun_path + 1, len - offsetof(sockaddr_un, sun_path) - 1);
 }
 
-// Opens a ring file of ours: owned by this user, private to it (mode 0600:
-// /dev/shm is world-writable, and a file another user planted under our
-// name must not receive our traffic), of this version's size. -1 if not.
-static int open_ring(const std::string &name) {
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 077) != 0 ||
-      size_t(st.st_size) != sizeof(ShmRing)) {
-    ::close(fd);
-    errno = EPERM;
-    return -1;
+// The handshake (one SOCK_SEQPACKET connection per writer and owner):
+//   owner -> writer  Challenge: where 16 random bytes lie in the owner's memory
+//   writer -> owner  Answer: those bytes, read with process_vm_readv
+//   owner -> writer  Grant, with the ring (a sealed memfd) and the owner's
+//                    UDP socket (which shows that it holds the endpoint)
+// process_vm_readv succeeds only where the kernel would let the writer
+// ptrace the owner (PTRACE_MODE_ATTACH: same user or CAP_SYS_PTRACE, a
+// dumpable owner, Yama's scope): the ring, which lets its writers put any
+// packet in front of the owner's transport and place into its memory,
+// goes to no process that could not write that memory anyway.
+namespace {
+constexpr uint64_t kHsMagic = 0x3173687372637375ull;   // "usrcshs1"-ish
+struct HsChallenge {
+  uint64_t magic, addr;
+};
+struct HsAnswer {
+  uint64_t magic;
+  uint8_t nonce[16];
+};
+struct HsGrant {
+  uint64_t magic;
+};
+// Rung on the owner's UDP socket by a writer that connected or answered:
+// the owner's progress thread may be asleep there.
+constexpr uint8_t kHsBell[4] = {'u', 's', 'h', 's'};
+constexpr uint64_t kHsWaitNs = 100'000'000;     // add_peer() waits this long at most
+constexpr uint64_t kHsTimeoutNs = 1'000'000'000;   // a handshake's whole life
+constexpr uint64_t kHsRetryNs = 1'000'000'000;     // after a failed one
+constexpr uint64_t kMaintainNs = 2'000'000;        // handshakes and dead owners, looked at
+constexpr size_t kMaxPending = 32;
+// Datagrams that found a peer's ring full, waiting for room (bytes).
+constexpr size_t kBacklogMax = 8u << 20;
+}  // namespace
+
+// The peer's user and pid (in our pid namespace; 0 if it has none there).
+static bool peer_cred(int fd, ucred *c) {
+  socklen_t l = sizeof *c;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, c, &l) == 0 && c->uid == geteuid();
+}
+
+// Receives a message of len bytes and up to two file descriptors (any
+// others are closed). The size received, or -1 (errno).
+static ssize_t recv_fds(int fd, void *msg, size_t len, int fds[2], int *nfds) {
+  alignas(cmsghdr) char ctl[CMSG_SPACE(8 * sizeof(int))];
+  iovec iov{msg, len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  const ssize_t n = recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  *nfds = 0;
+  if (n < 0) return n;
+  for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; i++) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+      if (*nfds < 2) fds[(*nfds)++] = f;
+      else ::close(f);
+    }
   }
-  return fd;
+  if (m.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) *nfds = -1;   // (what came is closed by the caller)
+  return n;
 }
 
-// The owner holds a write lock (an open file description lock, released
-// by the kernel when the owner exits however it exits) for as long as the
-// ring is in use: a ring without one is stale.
-static bool has_owner(int fd) {
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  return fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+static bool send_fds(int fd, const void *msg, size_t len, const int fds[2]) {
+  alignas(cmsghdr) char ctl[CMSG_SPACE(2 * sizeof(int))] = {};
+  iovec iov{const_cast<void *>(msg), len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof ctl;
+  cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds, 2 * sizeof(int));
+  return sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(len);
 }
+
+// A UDP socket bound to e.
+static bool bound_to(int fd, Endpoint e) {
+  sockaddr_in a{};
+  socklen_t l = sizeof a;
+  int type = 0;
+  socklen_t tl = sizeof type;
+  return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM &&
+         getsockname(fd, reinterpret_cast<sockaddr *>(&a), &l) == 0 && a.sin_family == AF_INET &&
+         ntohl(a.sin_addr.s_addr) == e.ip && ntohs(a.sin_port) == e.port;
+}
+
 
 static bool valid(const ShmRing &r) {
   return __atomic_load_n(&r.magic, __ATOMIC_ACQUIRE) == kMagic && r.version == kVersion &&
          r.nslots == ShmNic::kSlots && r.slot_size == sizeof(ShmSlot);
 }
 
-// Maps an existing ring of this version in use by a live owner; nullptr
-// if there is none.
-static ShmRing *map_ring(const std::string &name) {
-  int fd = open_ring(name);
-  if (fd < 0) return nullptr;
-  void *p = has_owner(fd) ? mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE,
-                                 MAP_SHARED | MAP_POPULATE, fd, 0)
-                          : MAP_FAILED;
-  ::close(fd);
+static void unmap(ShmRing *&r) {
+  if (r) munmap(r, sizeof(ShmRing));
+  r = nullptr;
+}
+
+// Maps a ring handed to us: a memfd of this version's size that cannot
+// shrink (a mapping past a file's end faults), ready and in use.
+static ShmRing *map_fd(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || size_t(st.st_size) != sizeof(ShmRing) ||
+      !(fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK))
+    return nullptr;
+  void *p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) return nullptr;
   auto *r = static_cast<ShmRing *>(p);
   if (!valid(*r) || !r->alive.load(std::memory_order_acquire)) {
@@ -238,35 +314,36 @@ static ShmRing *map_ring(const std::string &name) {
   return r;
 }
 
-static void unmap(ShmRing *&r) {
-  if (r) munmap(r, sizeof(ShmRing));
-  r = nullptr;
+// An owner whose progress thread ran and is gone (it died, or is closing):
+// its ring takes nothing any more.
+static bool owner_gone(ShmDirectory &d) {
+  return d.threaded.load(std::memory_order_acquire) && !owner_alive(d);
 }
 
-// Retires a ring without an owner (its writers let go) and removes it, if
-// the name still refers to it. fd: the ring, open.
-// force: the caller holds the ring's endpoint (its UDP port), so whoever
-// else holds the lock is not a context of that endpoint.
-static void retire_stale(const std::string &name, int fd, bool force = false) {
-  void *p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);   // the header
-  if (p == MAP_FAILED) return;
-  auto *r = static_cast<ShmRing *>(p);
-  struct stat a {}, b {};
-  // (A ring not yet valid may be a new one whose owner is setting it up:
-  // it takes its lock before it writes the magic.)
-  if ((force || (valid(*r) && !has_owner(fd))) && fstat(fd, &a) == 0 &&
-      stat(("/dev/shm" + name).c_str(), &b) == 0 && a.st_ino == b.st_ino) {
-    r->alive.store(0, std::memory_order_release);
-    shm_unlink(name.c_str());
-  }
-  munmap(p, 4096);
+// The rings of this process's contexts, by endpoint: a writer in the same
+// process (which may read its memory anyway) maps them without a handshake.
+// Keyed by pid too: a child of fork() inherits the table, not the rings' owners.
+namespace {
+struct LocalRing {
+  Endpoint ep;
+  uint64_t netns;
+  int fd;
+  pid_t pid;
+};
+std::mutex local_mu;
+std::vector<LocalRing> local_rings;
+uint64_t net_namespace() {
+  struct stat st {};
+  return stat("/proc/thread-self/ns/net", &st) == 0 ? st.st_ino : 0;
 }
+}  // namespace
 
-// The owners' lock fds of this process. A child of fork() shares them (the
-// lock belongs to the open file description, which fork shares): it closes
-// its copies at once, or a ring would look owned for as long as the child
-// lives after its owner has died. Lock-free: the child handler may run
-// while another thread of the parent was in the middle of an update.
+
+// The ring sockets this process listens on. A child of fork() shares them:
+// it closes its copies at once, or the endpoint's name would stay taken
+// (and connections to it unanswered) for as long as the child lives after
+// its owner has closed. Lock-free: the child handler may run while another
+// thread of the parent was in the middle of an update.
 namespace {
 constexpr int kMaxOwned = 64;
 std::atomic<int> owned_fds[kMaxOwned];
@@ -286,7 +363,7 @@ void track_owned(int fd) {
     int none = -1;
     if (f.compare_exchange_strong(none, fd, std::memory_order_relaxed)) return;
   }
-  // (More than kMaxOwned contexts: this one's children keep its lock.)
+  // (More than kMaxOwned contexts: this one's children keep its socket.)
 }
 void untrack_owned(int fd) {
   for (auto &f : owned_fds) {
@@ -296,69 +373,40 @@ void untrack_owned(int fd) {
 }
 }  // namespace
 
-// Rings whose owner died without removing them (killed, crashed) hold
-// their memory until someone does: removed when a context opens.
-static void sweep(const std::string &prefix) {
-  DIR *d = opendir("/dev/shm");
-  if (!d) return;
-  while (dirent *e = readdir(d)) {
-    if (std::strncmp(e->d_name, prefix.c_str() + 1, prefix.size() - 1) != 0) continue;
-    const std::string name = std::string("/") + e->d_name;
-    int fd = open_ring(name);
-    if (fd < 0) continue;
-    retire_stale(name, fd);
-    ::close(fd);
-  }
-  closedir(d);
-}
-
 std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err) {
-  sweep(ring_prefix());
-  const std::string name = ring_name(inner->local());
-  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    // Left by an earlier owner of this endpoint (we hold its UDP port now),
-    // which exited without removing it: retire it, replace it. A file we
-    // may not use (another user's) stays, and we go without a ring.
-    int old = open_ring(name);
-    if (old >= 0) {
-      retire_stale(name, old, true);
-      ::close(old);
-    }
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  }
+  const Endpoint me = inner->local();
+  // No name: the ring reaches a writer only through the handshake.
+  const int fd = memfd_create("usrc-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
-    *err = "shm_open " + name + ": " + strerror(errno);
+    *err = std::string("memfd_create: ") + strerror(errno);
     return nullptr;
   }
-  // Ours from now until we close: the lock says so to the others.
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
-    *err = "lock " + name + ": " + strerror(errno);
-    ::close(fd);
-    shm_unlink(name.c_str());
-    return nullptr;
-  }
-  // The pages are reserved now: a full /dev/shm fails here, cleanly, and
-  // not later as SIGBUS in a writer.
+  // The pages are reserved now (a lack of memory fails here, cleanly, and
+  // not later as SIGBUS in a writer), and the size is sealed: no writer's
+  // mapping can end up past the end of the file.
   void *p = MAP_FAILED;
   int e = ftruncate(fd, sizeof(ShmRing)) == 0 ? posix_fallocate(fd, 0, sizeof(ShmRing)) : errno;
+  if (e == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) e = errno;
   if (e == 0) {
-    // Mapped through an open file of its own: a mapping holds its file
-    // open, and one of the locked file would keep the lock alive in every
-    // child that inherits the mapping.
-    const int mfd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-    p = mfd < 0 ? MAP_FAILED
-                : mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
+    p = mmap(nullptr, sizeof(ShmRing), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) e = errno;
-    if (mfd >= 0) ::close(mfd);
   }
   if (p == MAP_FAILED) {
     ::close(fd);
-    shm_unlink(name.c_str());
-    *err = "shared memory for " + name + ": " + strerror(e);
+    *err = std::string("shared memory for the ring: ") + strerror(e);
+    return nullptr;
+  }
+  socklen_t alen;
+  const sockaddr_un a = ring_socket(me, &alen);
+  const int ls = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (ls < 0 || bind(ls, reinterpret_cast<const sockaddr *>(&a), alen) != 0 || listen(ls, 64) != 0) {
+    // (Taken: by another process of ours that holds no such endpoint, as
+    // we hold it now; writers check the endpoint, and we go without a ring.)
+    e = errno;
+    if (ls >= 0) ::close(ls);
+    munmap(p, sizeof(ShmRing));
+    ::close(fd);
+    *err = "ring socket @" + socket_name(me) + ": " + strerror(e);
     return nullptr;
   }
   auto *r = static_cast<ShmRing *>(p);   // all zero: every slot free
@@ -369,33 +417,41 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
   pthread_mutex_init(&r->dir.life, &ma);
   pthread_mutex_init(&r->dir.mu, &ma);
   pthread_mutexattr_destroy(&ma);
-  r->dir.pid = getpid();
-  pid_namespace(&r->dir.pidns_dev, &r->dir.pidns_ino);
   r->dir.self = process_self();
   r->version = kVersion;
   r->nslots = kSlots;
   r->slot_size = sizeof(ShmSlot);
   r->alive.store(1, std::memory_order_relaxed);
   __atomic_store_n(&r->magic, kMagic, __ATOMIC_RELEASE);
-  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), r, fd, name));
+  return std::unique_ptr<Nic>(new ShmNic(std::move(inner), r, fd, ls));
 }
 
-ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name)
-    : inner_(std::move(inner)), own_(own), own_fd_(fd), name_(std::move(name)), pid_(getpid()) {
-  track_owned(own_fd_);
+ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, int listen_fd)
+    : inner_(std::move(inner)), own_(own), own_fd_(fd), listen_fd_(listen_fd), netns_(net_namespace()),
+      pid_(getpid()) {
+  track_owned(listen_fd_);
   udp_tx_.reserve(64);
+  std::lock_guard g(local_mu);
+  local_rings.push_back({inner_->local(), netns_, own_fd_, pid_});
 }
 
 ShmNic::~ShmNic() {
-  for (Peer &p : peers_)
+  {
+    std::lock_guard g(local_mu);
+    std::erase_if(local_rings, [&](const LocalRing &l) { return l.fd == own_fd_ && l.pid == pid_; });
+  }
+  untrack_owned(listen_fd_);
+  ::close(listen_fd_);
+  for (Pending &q : pending_) ::close(q.fd);
+  for (Peer &p : peers_) {
+    if (p.hs_fd >= 0) ::close(p.hs_fd);
     if (p.owned) unmap(p.ring);
+  }
   own_->alive.store(0, std::memory_order_release);
   // No writer is inside (they hold mu) or gets in after this (alive 0).
   if (lock(own_->dir.mu)) pthread_mutex_unlock(&own_->dir.mu);
   unmap(own_);
-  shm_unlink(name_.c_str());
-  untrack_owned(own_fd_);
-  ::close(own_fd_);   // drops the lock
+  ::close(own_fd_);
 }
 
 ShmNic::Peer *ShmNic::find_peer(Endpoint e) {
@@ -408,33 +464,194 @@ ShmNic::Peer *ShmNic::find_peer(Endpoint e) {
 void ShmNic::add_peer(Endpoint e) {
   inner_->add_peer(e);
   Peer *p = find_peer(e);
-  if (!p) p = &peers_.emplace_back(Peer{e});
+  if (!p) {
+    p = &peers_.emplace_back();
+    p->ep = e;
+  }
   if (e == inner_->local()) {   // to ourselves: our own ring, not mapped twice
-    *p = {e, own_, false};
+    p->ring = own_;
+    p->owned = false;
+    p->pid = pid_;
     return;
   }
-  if (p->ring && p->ring->alive.load(std::memory_order_acquire)) {
-    // Still in use by a live owner? (One that died leaves alive set.)
-    int fd = open_ring(ring_name(e));
-    const bool owned = fd >= 0 && has_owner(fd);
-    if (fd >= 0) ::close(fd);
-    if (owned) return;
+  if (ring_of(p) && !owner_gone(p->ring->dir)) return;   // in use by a live owner
+  drop_ring(*p);   // none yet, closed or dead: look again
+  if (map_local(*p)) return;
+  if (p->hs_fd >= 0) return hs_step(*p);   // under way (a slow owner): not waited for again
+  if (!hs_start(*p)) return;
+  // Off the datapath (a QP's modify): wait a little for the owner, whose
+  // progress pass answers; meanwhile we answer whoever asks us (the peer
+  // may be in its own add_peer(), waiting for us). What is not done by
+  // then goes on in later passes (maintain()), the socket carrying the
+  // traffic until it is; later QPs to the same peer do not wait for it.
+  for (const uint64_t until = coarse_ns() + kHsWaitNs; p->hs_fd >= 0;) {
+    hs_step(*p);
+    serve();
+    if (p->hs_fd < 0 || coarse_ns() >= until) break;
+    pollfd pf[2] = {{p->hs_fd, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    poll(pf, 2, 1);
   }
-  unmap(p->ring);   // none yet, retired or stale: look again
-  p->ring = map_ring(ring_name(e));
-  p->no_place = false;
+}
+
+// A ring of a context in this process, mapped directly.
+bool ShmNic::map_local(Peer &p) {
+  std::lock_guard g(local_mu);
+  for (const LocalRing &l : local_rings) {
+    if (l.ep != p.ep || l.netns != netns_ || l.pid != pid_) continue;
+    p.ring = map_fd(l.fd);
+    p.owned = true;
+    p.pid = pid_;
+    return p.ring != nullptr;
+  }
+  return false;
+}
+
+// Writer: connects to the owner's socket (to a process of our user) and
+// rings it. False if there is none to talk to.
+bool ShmNic::hs_start(Peer &p) {
+  const uint64_t now = coarse_ns();
+  if (now < p.hs_retry) return false;
+  socklen_t alen;
+  const sockaddr_un a = ring_socket(p.ep, &alen);
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ucred c{};
+  if (s < 0 || connect(s, reinterpret_cast<const sockaddr *>(&a), alen) != 0 || !peer_cred(s, &c) ||
+      c.pid <= 0) {
+    if (s >= 0) ::close(s);
+    p.hs_retry = now + kHsRetryNs;
+    return false;
+  }
+  p.hs_fd = s;
+  p.hs = 1;
+  p.pid = c.pid;
+  p.hs_until = now + kHsTimeoutNs;
+  hs_bell(p.ep);
+  return true;
+}
+
+void ShmNic::hs_fail(Peer &p) {
+  ::close(p.hs_fd);
+  p.hs_fd = -1;
+  p.hs = 0;
+  p.hs_retry = coarse_ns() + kHsRetryNs;
+}
+
+void ShmNic::hs_bell(Endpoint dst) {
+  iovec iov{const_cast<uint8_t *>(kHsBell), sizeof kHsBell};
+  TxPacket t{dst, &iov, 1};
+  inner_->send({&t, 1});
+}
+
+// Writer: the handshake's next step, if the owner's message is there.
+void ShmNic::hs_step(Peer &p) {
+  if (p.hs_fd < 0) return;
+  if (p.hs == 1) {
+    HsChallenge ch{};
+    const ssize_t n = ::recv(p.hs_fd, &ch, sizeof ch, MSG_DONTWAIT);
+    if (n < 0 && errno == EAGAIN) {
+      if (coarse_ns() > p.hs_until) hs_fail(p);
+      return;
+    }
+    HsAnswer ans{kHsMagic, {}};
+    const iovec mine{ans.nonce, sizeof ans.nonce};
+    const iovec theirs{reinterpret_cast<void *>(ch.addr), sizeof ans.nonce};
+    if (n != sizeof ch || ch.magic != kHsMagic ||
+        process_vm_readv(p.pid, &mine, 1, &theirs, 1, 0) != ssize_t(sizeof ans.nonce) ||
+        ::send(p.hs_fd, &ans, sizeof ans, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof ans))
+      return hs_fail(p);
+    p.hs = 2;
+    hs_bell(p.ep);
+    return;
+  }
+  HsGrant g{};
+  int fds[2] = {-1, -1}, nfds = 0;
+  const ssize_t n = recv_fds(p.hs_fd, &g, sizeof g, fds, &nfds);
+  if (n < 0 && errno == EAGAIN) {
+    if (coarse_ns() > p.hs_until) hs_fail(p);
+    return;
+  }
+  ShmRing *r = n == sizeof g && g.magic == kHsMagic && nfds == 2 && bound_to(fds[1], p.ep)
+                   ? map_fd(fds[0]) : nullptr;
+  for (int f : fds)
+    if (f >= 0) ::close(f);
+  if (!r) return hs_fail(p);
+  ::close(p.hs_fd);
+  p.hs_fd = -1;
+  p.hs = 0;
+  p.ring = r;
+  p.owned = true;
+  p.no_place = false;
+}
+
+// Owner: takes new connections from processes of our user (each is sent
+// its challenge) and the answers of earlier ones (a right one gets the
+// ring). Non-blocking, bounded: kMaxPending at a time, each for
+// kHsTimeoutNs at most.
+void ShmNic::serve() {
+  for (;;) {
+    const int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) break;
+    Pending q{c, coarse_ns() + kHsTimeoutNs, std::make_unique<uint8_t[]>(16)};
+    const HsChallenge ch{kHsMagic, reinterpret_cast<uint64_t>(q.nonce.get())};
+    ucred cr{};
+    if (pending_.size() >= kMaxPending || !peer_cred(c, &cr) ||
+        getrandom(q.nonce.get(), 16, GRND_NONBLOCK) != 16 ||
+        ::send(c, &ch, sizeof ch, MSG_DONTWAIT | MSG_NOSIGNAL) != ssize_t(sizeof ch)) {
+      ::close(c);
+      continue;
+    }
+    pending_.push_back(std::move(q));
+  }
+  for (size_t i = 0; i < pending_.size();) {
+    Pending &q = pending_[i];
+    HsAnswer a{};
+    const ssize_t n = ::recv(q.fd, &a, sizeof a, MSG_DONTWAIT);
+    if (n < 0 && errno == EAGAIN && coarse_ns() < q.until) {
+      i++;
+      continue;
+    }
+    if (n == sizeof a && a.magic == kHsMagic && std::memcmp(a.nonce, q.nonce.get(), 16) == 0) {
+      const HsGrant g{kHsMagic};
+      const int fds[2] = {own_fd_, inner_->wait_fd()};
+      send_fds(q.fd, &g, sizeof g, fds);
+    }
+    ::close(q.fd);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
+}
+
+// Now and then (and at once when a writer rang): handshakes on either side,
+// and rings of owners that died, let go.
+void ShmNic::maintain() {
+  maint_now_ = false;
+  maint_at_ = coarse_ns() + kMaintainNs;
+  serve();
+  for (Peer &p : peers_) {
+    if (p.hs_fd >= 0) hs_step(p);
+    else if (p.owned && p.ring && owner_gone(p.ring->dir)) drop_ring(p);
+  }
+}
+
+// The peer's ring unmapped (ours is not), and what waited for it dropped.
+void ShmNic::drop_ring(Peer &p) {
+  if (p.owned) unmap(p.ring);
+  p.ring = nullptr;
+  p.no_place = false;
+  backlog_clear(p);
 }
 
 ShmRing *ShmNic::ring_of(Peer *p) {
   if (!p || !p->ring) return nullptr;
   if (p->owned && !p->ring->alive.load(std::memory_order_relaxed)) {
-    // The peer closed (or a new owner of its endpoint retired the ring):
-    // from now on the socket, until the next add_peer() finds a new ring.
-    unmap(p->ring);
+    // The peer closed: from now on the socket, until the next add_peer()
+    // finds a new ring.
+    drop_ring(*p);
     return nullptr;
   }
   return p->ring;
 }
+
 
 bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
                    const iovec *iov, size_t iovcnt, size_t len) {
@@ -454,10 +671,9 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
       ok = true;   // (either side unmapped, guard.h: sent instead, and failed there)
       for (size_t i = 0; i < iovcnt && ok; to += iov[i].iov_len, i++)
         ok = guard::copy(to, iov[i].iov_base, iov[i].iov_len);
-    } else if (d.pidns_dev == own_->dir.pidns_dev && d.pidns_ino == own_->dir.pidns_ino &&
-               owner_alive(d)) {   // (our own ring's: our pid namespace)
+    } else if (p->pid > 0 && owner_alive(d)) {   // (the pid the handshake's socket gave)
       const iovec remote{to, len};
-      const ssize_t n = process_vm_writev(d.pid, iov, iovcnt, &remote, 1, 0);
+      const ssize_t n = process_vm_writev(p->pid, iov, iovcnt, &remote, 1, 0);
       ok = n == ssize_t(len);
       // Not allowed to (Yama's ptrace_scope, a seccomp filter): not again.
       if (n < 0 && (errno == EPERM || errno == ENOSYS)) p->no_place = true;
@@ -472,7 +688,8 @@ bool ShmNic::place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, ui
 // the progress thread, which the context joins before it closes the NIC.
 void ShmNic::owner_thread(bool start) {
   if (!start) pthread_mutex_unlock(&own_->dir.life);
-  else lock(own_->dir.life);   // (held for a moment by a writer, or left by one that died)
+  else if (lock(own_->dir.life))   // (held for a moment by a writer, or left by one that died)
+    own_->dir.threaded.store(1, std::memory_order_release);
 }
 
 bool ShmNic::expose(uint32_t key, const Region &m) {
@@ -540,30 +757,116 @@ void ShmNic::publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t 
   set_seq(s, pos & kMask, pos + 1);
 }
 
-// Copies the next len bytes at the iovec cursor into a claimed slot, as
-// datagrams of seg bytes (0: one datagram); the cursor moves past them
-// whether or not a slot was free. A source the application unmapped
-// (guard.h) leaves the slot an empty datagram, dropped: not sent.
-bool ShmNic::push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg) {
+// Hands the next len bytes at the iovec cursor, datagrams of seg bytes
+// (seg >= len: one), to pe's ring r: into a claimed slot, or, if r is full
+// or `wait` (datagrams to pe wait already), behind them in pe's backlog,
+// which takes them on to the ring in order (drain()). After the first
+// one that waits, `wait` is set. False: dropped (larger than a slot, a
+// backlog full up, or a source the application unmapped, guard.h: its
+// slot then holds an empty datagram, dropped by the receiver). The
+// cursor moves past them.
+bool ShmNic::push(Peer &pe, ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len,
+                  size_t seg, bool &wait) {
+  if (len > kSlotData) return fill(nullptr, iov, off, len), false;
   uint64_t pos = 0;
-  ShmSlot *s = len <= kSlotData ? claim(r, &pos) : nullptr;
-  uint8_t *dst = s ? s->data : nullptr;
+  ShmSlot *s = wait ? nullptr : claim(r, &pos);
+  if (!s) {
+    wait = true;
+    return enqueue(pe, src, iov, off, len, seg);
+  }
+  if (!fill(s->data, iov, off, len)) {
+    publish(*s, pos, src, 0, 0);
+    return false;
+  }
+  publish(*s, pos, src, len, seg);
+  prefetch_next(r, pos, len);
+  return true;
+}
+
+// Copies the next len bytes at the iovec cursor to dst (nullptr: skips
+// them); the cursor moves past them. False if a source was no longer
+// mapped (guard.h; the rest is skipped).
+bool ShmNic::fill(uint8_t *dst, const iovec *&iov, size_t &off, size_t len) {
+  bool ok = true;
   for (size_t need = len; need;) {
     const size_t take = std::min(iov->iov_len - off, need);
     if (dst && !guard::copy(dst, static_cast<const uint8_t *>(iov->iov_base) + off, take)) {
-      publish(*s, pos, src, 0, 0);
-      s = nullptr;
       dst = nullptr;
+      ok = false;
     }
     if (dst) dst += take;
     need -= take;
     off += take;
     if (off == iov->iov_len) iov++, off = 0;
   }
-  if (!s) return false;
-  publish(*s, pos, src, len, seg);
-  prefetch_next(r, pos, len);
+  return ok;
+}
+
+// The backlog of datagrams to a peer whose ring was full: records of a
+// header and the datagrams, 8-byte aligned, taken from q_off on.
+namespace {
+struct BacklogRec {
+  uint32_t len;
+  uint16_t seg;        // as ShmSlot::seg
+  uint16_t src_port;
+};
+constexpr size_t rec_size(size_t len) { return sizeof(BacklogRec) + ((len + 7) & ~size_t(7)); }
+}  // namespace
+
+bool ShmNic::enqueue(Peer &pe, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg) {
+  if (pe.q.size() - pe.q_off + rec_size(len) > kBacklogMax) return fill(nullptr, iov, off, len), false;
+  if (pe.q.empty()) backlog_peers_++;
+  const size_t at = pe.q.size();
+  pe.q.resize(at + rec_size(len));
+  const BacklogRec h{static_cast<uint32_t>(len), static_cast<uint16_t>(seg < len ? seg : 0), src.port};
+  std::memcpy(&pe.q[at], &h, sizeof h);
+  if (!fill(&pe.q[at + sizeof h], iov, off, len)) {   // (its source unmapped: not kept)
+    if (at == 0) backlog_clear(pe);
+    else pe.q.resize(at);
+    return false;
+  }
   return true;
+}
+
+// Moves pe's backlog into its ring r, as far as there is room. True if
+// nothing waits any more.
+bool ShmNic::drain(Peer &pe, ShmRing &r) {
+  const uint32_t ip = inner_->local().ip;
+  while (pe.q_off < pe.q.size()) {
+    BacklogRec h;
+    std::memcpy(&h, &pe.q[pe.q_off], sizeof h);
+    uint64_t pos = 0;
+    ShmSlot *s = claim(r, &pos);
+    if (!s) return false;
+    std::memcpy(s->data, &pe.q[pe.q_off + sizeof h], h.len);
+    publish(*s, pos, {ip, h.src_port}, h.len, h.seg ? h.seg : h.len);
+    pe.q_off += rec_size(h.len);
+  }
+  backlog_clear(pe);
+  return true;
+}
+
+void ShmNic::drain_all() {
+  for (Peer &p : peers_) {
+    if (p.q.empty()) continue;
+    if (ShmRing *r = ring_of(&p)) {   // (a ring gone drops what waited for it)
+      drain(p, *r);
+      ring_if_asleep(*r, p.ep);
+    }
+  }
+}
+
+void ShmNic::backlog_clear(Peer &pe) {
+  if (!pe.q.empty()) backlog_peers_--;
+  pe.q.clear();
+  pe.q_off = 0;
+  if (pe.q.capacity() > (1u << 20)) pe.q.shrink_to_fit();
+}
+
+bool ShmNic::tx_blocked(Endpoint dst) {
+  if (!backlog_peers_) return false;
+  const Peer *p = find_peer(dst);
+  return p && !p->q.empty();
 }
 
 // After filling the slot at pos with len bytes: the next slot's header,
@@ -578,9 +881,11 @@ void ShmNic::prefetch_next(ShmRing &r, uint64_t pos, size_t len) {
 }
 
 uint8_t *ShmNic::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
-  ShmRing *r = ring_of(find_peer(dst));
+  Peer *pe = find_peer(dst);
+  ShmRing *r = ring_of(pe);
   uint64_t pos = 0;
-  ShmSlot *s = r ? claim(*r, &pos) : nullptr;
+  // (Behind a backlog: send() queues it.)
+  ShmSlot *s = r && pe->q.empty() ? claim(*r, &pos) : nullptr;
   if (!s) return nullptr;
   const Endpoint me = inner_->local();
   open_ = {r, s, pos, dst, {me.ip, src_port ? src_port : me.port}};
@@ -620,7 +925,8 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
   ShmRing *run = nullptr;   // the ring the last datagrams went to
   Endpoint run_dst{};
   for (const TxPacket &p : pkts) {
-    ShmRing *r = ring_of(find_peer(p.dst));
+    Peer *pe = find_peer(p.dst);
+    ShmRing *r = ring_of(pe);
     if (r != run && run) ring_if_asleep(*run, run_dst);
     run = r;
     run_dst = p.dst;
@@ -635,15 +941,17 @@ size_t ShmNic::send(std::span<const TxPacket> pkts) {
     const size_t seg = p.segs > 1 && p.gso_size ? p.gso_size : total;
     const iovec *iov = p.iov;
     size_t off = 0;
+    // Datagrams wait for room in this ring: those go first.
+    bool wait = !pe->q.empty() && !drain(*pe, *r);
     if (total <= kSlotData) {   // (the common case: one slot, no divisions)
-      if (push(*r, src, iov, off, total, seg)) sent += p.segs;
+      if (push(*pe, *r, src, iov, off, total, seg, wait)) sent += p.segs;
       continue;
     }
     // As many whole segments per slot as fit.
     const size_t chunk = seg <= kSlotData ? kSlotData / seg * seg : seg;
     for (size_t left = total; left;) {
       const size_t len = std::min(chunk, left);
-      if (push(*r, src, iov, off, len, seg)) sent += (len + seg - 1) / seg;
+      if (push(*pe, *r, src, iov, off, len, seg, wait)) sent += (len + seg - 1) / seg;
       left -= len;
     }
   }
@@ -659,6 +967,7 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
   for (; released_ != head; released_++) {
     set_seq(r.slots[released_ & kMask], released_ & kMask, released_ + kSlots);
   }
+  if (backlog_peers_) drain_all();   // (room in peers' rings since the last pass?)
   // The socket's turn: every call while it carries traffic (a peer off
   // this host), else every 64th, with room kept for it in a full batch so
   // that a busy ring does not starve it.
@@ -724,6 +1033,7 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
     head++;
   }
   head_.store(head, std::memory_order_relaxed);
+  if (udp && (maint_now_ || coarse_ns() >= maint_at_)) maintain();
   if (!udp || k == out.size()) return k;
   if (woken) udp_now_.store(false, std::memory_order_relaxed);
   udp_skip_ = 0;
@@ -732,8 +1042,13 @@ size_t ShmNic::recv(std::span<RxPacket> out) {
   for (size_t i = k; i < k + n; i++) {
     if (out[i].len == sizeof kDoorbell && std::memcmp(out[i].data, kDoorbell, sizeof kDoorbell) == 0)
       continue;
+    if (out[i].len == sizeof kHsBell && std::memcmp(out[i].data, kHsBell, sizeof kHsBell) == 0) {
+      maint_now_ = true;   // a writer connected or answered
+      continue;
+    }
     out[w++] = out[i];
   }
+  if (maint_now_) maintain();
   if (w > k) udp_hot_ = 1024;
   else if (udp_hot_) udp_hot_--;
   return w;

@@ -1,15 +1,28 @@
 // Same-host datagrams through shared memory: a NIC decorator over the UDP
-// backend. Each context owns a receive ring in /dev/shm named after its
-// UDP endpoint (and the network namespace and user), which any process of
-// the same user on this host may write datagrams into. A datagram to a peer
-// whose ring is open goes into that ring (no system call, one copy);
-// everything else, and every peer without a ring, takes the inner NIC.
+// backend. Each context owns a receive ring, an anonymous memfd that has no
+// name anywhere, and listens on an abstract unix socket named after its UDP
+// endpoint (and user; the network namespace scopes it). A process that
+// wants to write into it connects there and proves, before it gets the
+// ring (SCM_RIGHTS), that the kernel would let it write the owner's memory
+// anyway: the ring lets its writers put packets in front of the owner's
+// transport and place data into its memory, so it grants no more than
+// ptrace would (same user or CAP_SYS_PTRACE, a dumpable owner, Yama). The
+// owner also hands over its UDP socket, which shows the writer that it
+// talks to the endpoint's holder. See "The handshake" in shm.cpp. A
+// datagram to a peer whose ring we hold goes into that ring (no system
+// call, one copy); everything else, every peer that refused us or has no
+// ring, and every peer until the handshake is done, takes the inner NIC.
 // The packets are the same IBA packets either way: only the medium differs.
+// A ring lives as long as someone maps it: its owner's, and its writers'
+// until they see the owner gone.
 //
 // The ring holds fixed slots (one datagram each) and is a bounded
 // multi-producer, single-consumer queue: a producer claims a position with a
 // compare-and-swap, copies, then publishes the slot's sequence number. A
-// full ring drops, like a full socket buffer: the transport retransmits.
+// full ring is back-pressure, not loss: what does not fit waits in the
+// sender's backlog for that peer (taken on, in order, at the next send or
+// receive), and the transport sends the peer nothing new meanwhile
+// (Nic::tx_blocked).
 //
 // Wake-ups: the consumer's progress thread sleeps on the UDP socket. Before
 // sleeping it raises the ring's `sleeping` flag and looks once more; a
@@ -49,9 +62,11 @@ class ShmNic final : public Nic {
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }
   bool prepare_wait() override;
   void end_wait() override;
+  bool tx_blocked(Endpoint dst) override;
+  bool tx_pending() const override { return backlog_peers_ != 0; }
   // Direct placement into a peer context's memory: ours (the ring's owner
   // and the process that registered it) publishes regions and gates in its
-  // ring file; a writer checks them under the directory's lock and writes
+  // ring; a writer checks them under the directory's lock and writes
   // with process_vm_writev (memcpy within one process).
   bool place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
              const iovec *iov, size_t iovcnt, size_t len) override;
@@ -60,8 +75,9 @@ class ShmNic final : public Nic {
   bool set_gate(uint32_t tag, const Gate &g) override;
   void owner_thread(bool start) override;
 
-  // The ring's name for an endpoint in this user's and namespace's space.
-  static std::string ring_name(Endpoint e);
+  // The abstract socket name (without its leading NUL) where the context
+  // of endpoint e of this user listens for writers.
+  static std::string socket_name(Endpoint e);
   static constexpr uint32_t kSlots = 2048, kSlotData = 4096 + 256;
 
  private:
@@ -70,23 +86,60 @@ class ShmNic final : public Nic {
     ShmRing *ring = nullptr;   // mapped, or none (the socket)
     bool owned = true;         // false: our own ring (own_), not unmapped here
     bool no_place = false;     // process_vm_writev refused: no direct placement
+    int32_t pid = 0;           // the owner, in our pid namespace (its socket's SO_PEERCRED)
+    // The handshake for its ring: the connection (-1: none), the message
+    // awaited (1 the challenge, 2 the grant), until when, and when to try
+    // again after one failed.
+    int hs_fd = -1;
+    uint8_t hs = 0;
+    uint64_t hs_until = 0, hs_retry = 0;
+    // Datagrams that found the ring full (BacklogRec and data), from q_off;
+    // empty (cleared) once all have gone.
+    std::vector<uint8_t> q;
+    size_t q_off = 0;
   };
-  ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, std::string name);
+  // Owner side: a writer's connection, challenged with `nonce` (held here,
+  // in our memory, where the writer must read it).
+  struct Pending {
+    int fd;
+    uint64_t until;
+    std::unique_ptr<uint8_t[]> nonce;
+  };
+  ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, int listen_fd);
   Peer *find_peer(Endpoint e);
   ShmRing *ring_of(Peer *p);   // the peer's ring if it is still open
+  void drop_ring(Peer &p);
+  bool map_local(Peer &p);
+  bool hs_start(Peer &p);
+  void hs_step(Peer &p);
+  void hs_fail(Peer &p);
+  void hs_bell(Endpoint dst);
+  void serve();
+  void maintain();
   ShmSlot *claim(ShmRing &r, uint64_t *pos);
-  bool push(ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
+  bool push(Peer &pe, ShmRing &r, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg,
+            bool &wait);
+  static bool fill(uint8_t *dst, const iovec *&iov, size_t &off, size_t len);
+  bool enqueue(Peer &pe, Endpoint src, const iovec *&iov, size_t &off, size_t len, size_t seg);
+  bool drain(Peer &pe, ShmRing &r);
+  void drain_all();
+  void backlog_clear(Peer &pe);
   void publish(ShmSlot &s, uint64_t pos, Endpoint src, size_t len, size_t seg);
   void prefetch_next(ShmRing &r, uint64_t pos, size_t len);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
   std::unique_ptr<Nic> inner_;
   ShmRing *own_;
-  int own_fd_;   // holds the owner's lock
-  std::string name_;
+  int own_fd_;      // the ring's memfd
+  int listen_fd_;   // where writers ask for it
+  const uint64_t netns_;
   const int pid_;
   std::vector<Peer> peers_;
   size_t last_peer_ = 0;
+  size_t backlog_peers_ = 0;   // peers with datagrams waiting in their backlog
+  std::vector<Pending> pending_;
+  uint64_t maint_at_ = 0;      // the next maintain() (coarse clock)
+  bool maint_now_ = false;     // a writer rang: maintain() at once
   // Consumer state (under the engine lock); head_ is read by prepare_wait()
   // from the progress thread, hence atomic.
   std::atomic<uint64_t> head_{0};

@@ -30,6 +30,8 @@ class TraceNic final : public Nic {
   bool rx_pending() const override { return inner_->rx_pending(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }
+  bool tx_blocked(Endpoint dst) override { return inner_->tx_blocked(dst); }
+  bool tx_pending() const override { return inner_->tx_pending(); }
   // (Placed data is not a datagram: the trace shows the notice alone.)
   bool place(Endpoint dst, uint32_t tag, uint32_t my_tag, uint32_t key, uint64_t at,
              const iovec *iov, size_t iovcnt, size_t len) override {

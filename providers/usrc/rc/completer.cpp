@@ -280,7 +280,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
       wire::aeth_type(syn) != wire::AckType::ack)
     return false;
   Qp *qp = find_qp(w1 & 0xffffff);
-  if (!qp || !qp->local_path || pkt.src != qp->peer || qp->linger_until ||
+  if (!qp || !qp->local_path || !from_peer(*qp, pkt.src) || qp->linger_until ||
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
   const uint32_t psn = w2 & 0xffffff;
@@ -387,6 +387,17 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       return;
     }
     qp.rto_deadline = 0;
+    if (nic_->tx_blocked(qp.peer)) {
+      // The receiver has not even taken what we sent (its ring is full,
+      // the NIC holds the rest): slow, not lossy. Resending would only
+      // queue copies behind the originals; the Local ACK Timeout still runs.
+      const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
+      if (now + rto < qp.ack_deadline) {
+        qp.rto_deadline = now + rto;
+        arm_timer(qp.rto_deadline);
+      }
+      return;
+    }
     if (qp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The

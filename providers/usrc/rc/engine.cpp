@@ -4,6 +4,7 @@
 
 #include "usrc/common/guard.h"
 #include "usrc/common/log.h"
+#include "usrc/common/random.h"
 #include "usrc/common/tunables.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
@@ -19,6 +20,8 @@ Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port,
   guard::install();
   faults_seen_ = guard::faults();
   ack_list_.reserve(64);
+  qpn_walk_ = random_u32();
+  qpn_stride_ = random_u32() | 1;
   hold_max = std::min(tun_.rx_hold, kMaxHold);
 }
 
@@ -28,7 +31,8 @@ Engine::~Engine() {
 }
 
 Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
-  for (uint32_t i = 0; i < qps_.size(); i++) {
+  for (uint32_t n = 0; n < kQpsPerSlot; n++) {
+    const uint32_t i = (qpn_walk_ += qpn_stride_) & (kQpsPerSlot - 1);
     if (qps_[i]) continue;
     // (Out of memory: std::bad_alloc, with nothing changed.)
     auto qp = std::make_unique<Qp>();
@@ -350,8 +354,23 @@ size_t Engine::progress(bool app, uint64_t now) {
       i++;
     }
   }
-  for (Qp *qp : live_)
-    if (qp->tx_psn != qp->next_psn) requester_tx(*qp);
+  // (From where the last pass found a peer with no room: QPs to a receiver
+  // that takes less than they send get their turns in rotation, none
+  // starved by those before it in the list.)
+  const size_t nlive = live_.size(), start = tx_next_ < nlive ? tx_next_ : 0;
+  bool blocked = false;
+  for (size_t k = 0; k < nlive; k++) {
+    const size_t i = start + k < nlive ? start + k : start + k - nlive;
+    Qp *qp = live_[i];
+    if (qp->tx_psn == qp->next_psn) continue;
+    if (nic_->tx_blocked(qp->peer)) {
+      if (!blocked) tx_next_ = i;
+      blocked = true;
+      continue;
+    }
+    requester_tx(*qp);
+  }
+  if (!blocked) tx_next_ = 0;
   // Only ACKs to send (no response, resend or request): hold them, not yet
   // built, for the next transmit (the next post_send or progress), if
   // their QPs answer what they receive (see replies()).
@@ -459,9 +478,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     count(Counter::unknown_qp_drops);
     return;
   }
-  // From the peer's address; the source port is the peer's own or, with a
-  // flow label, one of RoCE v2's entropy ports (0xC000 and up).
-  if (pkt.src.ip != qp->peer.ip || (pkt.src.port != qp->peer.port && pkt.src.port < 0xc000)) {
+  if (!from_peer(*qp, pkt.src)) {
     count(Counter::wrong_source_drops);
     return;
   }
@@ -597,6 +614,9 @@ void Engine::send_batch() {
   if (sent < tx_nslots_) count(Counter::tx_errors, tx_nslots_ - sent);
   tx_count_ = tx_nslots_ = tx_niov_ = 0;
   grp_open_ = false;
+  // Packets the NIC holds for a receiver that has no room yet: a pass soon
+  // hands them on (and sends what waits behind them).
+  if (nic_->tx_pending()) arm_timer(stamp() + kTxRetryNs);
 }
 
 }  // namespace usrc::rc

@@ -60,6 +60,16 @@ class Engine {
   // True while destroyed QPs still linger (see Qp::linger_until).
   bool lingering() const { return lingering_ != 0; }
   Qp *find_qp(uint32_t qpn);
+  // The one source check of every packet a QP takes, on every receive path
+  // (handle_packet, fast_ack, fast_sends): from the peer's address and its
+  // UDP port (base port + the slot of its QPN), or, where the QP's path
+  // carries a RoCE v2 flow label, the source port that label gives
+  // (0xC000 | label & 0x3FFF: the peer's path carries the same label, and
+  // its packets leave from that port; from its own port where that one
+  // could not be bound, see UdpNic::source_fd).
+  static bool from_peer(const Qp &qp, net::Endpoint src) {
+    return src.ip == qp.peer.ip && (src.port == qp.peer.port || (qp.sport && src.port == qp.sport));
+  }
   // Moves the QP to a new state with the IBA side effects (flush on ERR,
   // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
   void set_state(Qp &qp, QpState s);
@@ -242,6 +252,11 @@ class Engine {
   MemoryAccess *mem_;
   EngineHooks *hooks_;
   std::vector<Qp *> qps_;          // by QPN index
+  // QPN indices are handed out along a walk of all 4096 from a random start
+  // with a random odd stride: unpredictable to another process, and a
+  // destroyed QP's QPN comes back only after the other 4095 (its stale
+  // packets then find no QP, rather than its successor).
+  uint32_t qpn_walk_, qpn_stride_;
   std::vector<Qp *> live_;         // the same QPs, compact, for timer/tx scans
   std::vector<Qp *> ack_list_;     // QPs with ack_pending
   std::atomic<uint64_t> next_deadline_{UINT64_MAX};
@@ -256,6 +271,9 @@ class Engine {
   // Packets a post_send sends at once to a peer where that is cheap
   // (net::Nic::cheap_send): about a shared-memory ring slot of 64 B sends.
   static constexpr size_t kTxEager = 16;
+  // How soon a pass looks again at packets the NIC holds (Nic::tx_pending).
+  static constexpr uint64_t kTxRetryNs = 50'000;
+  size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).
   static constexpr size_t kTxCopy = 256;

@@ -41,6 +41,7 @@ using wire::Opcode;
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
+  if (nic_->tx_blocked(qp.peer)) return;   // the peer's ring is full: what waits goes first
   if (qp.state == QpState::rts && !qp.rate_bps && qp.in_place)
     while (qp.tx_psn != qp.next_psn && send_direct(qp)) {
     }
@@ -118,7 +119,8 @@ void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
 // to keep. Does what requester_tx would do for it, without its loop.
 bool Engine::send_single(Qp &qp, SendWqe &w) {
   if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps ||
-      qp.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence))
+      qp.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence) ||
+      nic_->tx_blocked(qp.peer))
     return false;
   const uint32_t wnd = qp.send_window();
   const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));

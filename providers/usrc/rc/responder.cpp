@@ -99,7 +99,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   const uint32_t qpn = wire::get_be32(pkts[0].data + 4) & 0xffffff;
   Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.
-  if (!qp || !qp->local_path || pkts[0].src != qp->peer || qp->linger_until || !qp->comm_est ||
+  if (!qp || !qp->local_path || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->comm_est ||
       qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg || qp->held)
     return 0;
   uint32_t epsn = qp->epsn, last_len = 0;
@@ -122,7 +122,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   }
   const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->dest_qpn,
                0, 0, qp->dlid, 0, 0};
-  const net::Endpoint src = pkts[0].src;
+  const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
   size_t k = 0;
   for (; k < n && k < posted; k++) {   // (none posted: the general path sends the RNR NAK)
     const net::RxPacket &pkt = pkts[k];

@@ -1,13 +1,8 @@
 #include "usrc/wire/icrc.h"
 
-#include <zlib.h>
-#ifdef USRC_HAVE_ISAL
 #include <isa-l/crc.h>
-#endif
 
 #include <algorithm>
-#include <array>
-#include <bit>
 #include <cstring>
 
 namespace usrc::wire {
@@ -16,53 +11,11 @@ namespace {
 
 constexpr size_t kIpv4Len = 20, kUdpLen = 8;
 
-// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the one zlib
-// computes. zlib 1.2.13 costs ~100 ns of setup per call below a few hundred
-// bytes, which is every ACK and the 48-byte masked prefix of every packet,
-// so without ISA-L (carry-less multiply: fast at every length, several
-// GB/s) short pieces go through this slicing-by-8 loop and long ones
-// through zlib (under 1 GB/s).
-// All take and return the finished CRC, so they chain either way.
-constexpr uint32_t kCrcPoly = 0xedb88320;
-using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
-constexpr CrcTables make_crc_tables() {
-  CrcTables t{};
-  for (uint32_t i = 0; i < 256; i++) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; k++) c = (c >> 1) ^ ((c & 1) ? kCrcPoly : 0);
-    t[0][i] = c;
-  }
-  // t[j][i]: the CRC of byte i followed by j zero bytes.
-  for (size_t j = 1; j < 8; j++)
-    for (size_t i = 0; i < 256; i++) t[j][i] = (t[j - 1][i] >> 8) ^ t[0][t[j - 1][i] & 0xff];
-  return t;
-}
-constexpr CrcTables kCrc = make_crc_tables();
-constexpr size_t kZlibFrom = 256;   // measured crossover on x86-64 (EPYC): ~256-512 bytes
-
-uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) {
-#ifdef USRC_HAVE_ISAL
-  // ISA-L wins at every length (about 11 ns for 16 bytes, 15 for 48).
-  return crc32_gzip_refl(crc, p, n);
-#endif
-  if (n >= kZlibFrom) return static_cast<uint32_t>(crc32_z(crc, p, n));
-  crc = ~crc;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint32_t lo, hi;   // little-endian loads: byte 0 meets the low CRC byte
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    if constexpr (std::endian::native == std::endian::big) {
-      lo = __builtin_bswap32(lo);
-      hi = __builtin_bswap32(hi);
-    }
-    lo ^= crc;
-    crc = kCrc[7][lo & 0xff] ^ kCrc[6][(lo >> 8) & 0xff] ^ kCrc[5][(lo >> 16) & 0xff] ^
-          kCrc[4][lo >> 24] ^ kCrc[3][hi & 0xff] ^ kCrc[2][(hi >> 8) & 0xff] ^
-          kCrc[1][(hi >> 16) & 0xff] ^ kCrc[0][hi >> 24];
-  }
-  while (n--) crc = (crc >> 8) ^ kCrc[0][(crc ^ *p++) & 0xff];
-  return ~crc;
-}
+// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) by ISA-L's
+// carry-less multiply folding: fast at every length, which matters because
+// every ACK and the 48-byte masked prefix of every packet are short pieces.
+// Takes and returns the finished CRC, so calls chain.
+uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) { return crc32_gzip_refl(crc, p, n); }
 
 }  // namespace
 

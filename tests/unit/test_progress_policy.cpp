@@ -1,0 +1,292 @@
+// The progress thread's policy (ProgressPolicy, progress_policy.h) in
+// virtual time: a model of Context::progress_loop executes its decisions
+// against a scripted application (polling its CQs, or arming one for an
+// event), packets arriving at the NIC and an engine timer. These are the
+// speed properties the functional suite cannot assert on a busy machine's
+// wall clock: how often the thread wakes while the application polls, how
+// soon it takes over once it stops, and that a packet with nobody polling
+// is served as it arrives.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <vector>
+
+#include "usrc/progress_policy.h"
+
+using namespace usrc;
+using Do = ProgressPolicy::Do;
+
+namespace {
+
+constexpr uint64_t kUs = 1000, kMs = 1000 * kUs;
+constexpr uint64_t kT0 = 1000 * kMs;   // the virtual clock at the start
+constexpr uint64_t kNever = UINT64_MAX;
+
+ProgressPolicy::Config defaults() {   // USRC_APP_QUIET_US=1000, USRC_BUSY_POLL_US=50
+  ProgressPolicy::Config c;
+  c.app_quiet_ns = 1 * kMs;
+  c.spin_ns = 50 * kUs;
+  return c;
+}
+
+// One progress thread and the world it sees, in virtual time.
+struct Model {
+  ProgressPolicy policy;
+  uint64_t now = kT0;
+
+  // The application polls its CQs without pause in [poll_from, poll_until]
+  // and arms a CQ for an event (Context::app_waits) at arm_at.
+  uint64_t poll_from = kNever, poll_until = 0, arm_at = kNever;
+  // Packets for this NIC: arrival times, and when a pass received each.
+  std::vector<uint64_t> arrivals, received_at;
+  // The engine's one timer and when a pass ran it.
+  uint64_t timer = kNever, timer_ran = kNever;
+  bool rx_pending_once = false;   // the NIC holds packets its fd does not show, once
+  uint64_t yield_ns = 1 * kUs;    // what a sched_yield costs (more: the core was taken)
+
+  // What the thread did.
+  std::vector<uint64_t> takes, watch_sleeps, nic_sleeps;   // when
+  std::vector<uint64_t> watch_lengths;                     // how long each watch lasted
+  uint64_t spins = 0, netlink_looks = 0, last_until = 0;
+  bool slept_forever = false;
+
+  explicit Model(ProgressPolicy::Config c = defaults()) : policy(c) {}
+
+  uint64_t app_polled() const {
+    if (now >= arm_at || now < poll_from) return 0;   // armed: its polls no longer count
+    return std::min(now, poll_until);
+  }
+  uint64_t next_arrival() const {   // the first packet not yet received
+    for (size_t i = 0; i < arrivals.size(); i++)
+      if (received_at[i] == kNever) return arrivals[i];
+    return kNever;
+  }
+  bool pass() {
+    bool got = false;
+    for (size_t i = 0; i < arrivals.size(); i++)
+      if (received_at[i] == kNever && arrivals[i] <= now) received_at[i] = now, got = true;
+    if (timer <= now) timer_ran = now, timer = kNever;
+    return got;
+  }
+
+  // Runs the loop of Context::progress_loop until end.
+  void run(uint64_t end) {
+    received_at.assign(arrivals.size(), kNever);
+    for (int guard = 0; now < end; guard++) {
+      REQUIRE(guard < 10'000'000);
+      ProgressPolicy::Decision d = policy.next(now, app_polled());
+      bool watching = false;
+      if (d.what == Do::sleep) {
+        watching = true;
+        if (!policy.app_active(now, app_polled())) continue;   // the re-check
+      } else {
+        takes.push_back(now);
+        const bool got = pass();
+        const bool pending = rx_pending_once;
+        rx_pending_once = false;
+        d = policy.after_pass(now, got, timer, pending);
+      }
+      last_until = d.until;
+      if (d.what == Do::take_engine) continue;
+      if (d.what == Do::spin) {
+        const uint64_t t0 = now;
+        now += yield_ns;
+        spins++;
+        if (policy.yielded(t0, now)) netlink_looks++;
+        continue;
+      }
+      // Asleep until the decision's time, the NIC's fd if on it, or the
+      // wake eventfd (app_waits() writes it while the thread watches).
+      uint64_t wake = d.until;
+      if (d.on_nic) wake = std::min(wake, std::max(now, next_arrival()));
+      if (watching && arm_at > now) wake = std::min(wake, arm_at);
+      (d.on_nic ? nic_sleeps : watch_sleeps).push_back(now);
+      if (wake == kNever) {
+        slept_forever = true;
+        return;
+      }
+      if (watching) watch_lengths.push_back(wake - now);
+      now = std::max(now, wake);
+    }
+  }
+  size_t takes_in(uint64_t from, uint64_t to) const {
+    return size_t(std::count_if(takes.begin(), takes.end(), [&](uint64_t t) { return t >= from && t < to; }));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("while the application polls, the looks back off: doubling, capped at 16 quiet times", "[policy]") {
+  Model m;
+  m.poll_from = kT0;
+  m.poll_until = kT0 + 700 * kMs;
+  // Packets for other QPs arrive all along: the thread is off the NIC's
+  // fd while the application polls (it receives them itself).
+  for (uint64_t t = kT0 + 20 * kMs; t < kT0 + 700 * kMs; t += 3 * kMs) m.arrivals.push_back(t);
+  m.run(kT0 + 700 * kMs);
+  CHECK(m.takes.empty());
+  CHECK(m.nic_sleeps.empty());
+  REQUIRE(m.watch_lengths.size() >= 6);
+  // 1, 2, 4, 8, 16, then 16 ms from each look to the next.
+  CHECK(std::vector<uint64_t>(m.watch_lengths.begin(), m.watch_lengths.begin() + 6) ==
+        std::vector<uint64_t>{1 * kMs, 2 * kMs, 4 * kMs, 8 * kMs, 16 * kMs, 16 * kMs});
+  CHECK(*std::max_element(m.watch_lengths.begin(), m.watch_lengths.end()) == 16 * kMs);
+  // Wake-ups in 700 ms: 4 + 685 / 16, where a look every quiet time would
+  // be 700 (the wall-clock test this replaces allowed 200).
+  const size_t wakes = m.watch_lengths.size();
+  INFO(wakes << " looks in 700 ms of polling");
+  CHECK(wakes <= 4 + 685 / 16 + 1);
+  CHECK(m.policy.looks_active() == wakes);
+
+  // A look that finds the application quiet takes the engine, and the
+  // backoff starts over: the next stretch of polling is looked at after
+  // one quiet time again.
+  Model r;
+  r.poll_from = kT0;
+  r.poll_until = kT0 + 100 * kMs;
+  r.run(kT0 + 200 * kMs);
+  REQUIRE(!r.takes.empty());
+  CHECK(r.policy.next(r.now, r.now).until == r.now + 1 * kMs);
+}
+
+TEST_CASE("a polling application that stops: the thread takes over within 17 quiet times", "[policy]") {
+  // The application polls for 700 ms, the looks backed off to 16 ms, then
+  // it stops without arming a CQ; a packet arrives just after.
+  // (Looks at 687, 703, 719 ms: stopping just after one is the worst case.)
+  for (uint64_t stop : {700 * kMs, 703 * kMs + 1 * kUs, 710 * kMs}) {
+    Model m;
+    m.poll_from = kT0;
+    m.poll_until = kT0 + stop;
+    m.arrivals = {kT0 + stop + 1 * kUs};
+    m.run(kT0 + stop + 100 * kMs);
+    REQUIRE(m.received_at.size() == 1);
+    REQUIRE(m.received_at[0] != kNever);
+    const uint64_t late = m.received_at[0] - (kT0 + stop);
+    INFO("stopped at " << stop / kUs << " us: the packet taken " << late / kUs << " us after the last poll");
+    // The last look came while the application still polled; the next is
+    // at most 16 quiet times later, and a look finds it quiet once its last
+    // poll is one quiet time old.
+    CHECK(late <= 17 * kMs);
+    CHECK(late >= 1 * kMs);   // (while it may still poll, the thread stays out)
+  }
+}
+
+TEST_CASE("arming a CQ for an event hands the engine to the progress thread at once", "[policy]") {
+  Model m;
+  m.poll_from = kT0;
+  m.poll_until = kT0 + 700 * kMs;   // it would have polled on: the arm stops it
+  m.arm_at = kT0 + 650 * kMs + 123 * kUs;
+  // The SEND's ACK arrives 30 us after the arm; the completion event
+  // needs the thread to receive it.
+  m.arrivals = {m.arm_at + 30 * kUs};
+  m.run(kT0 + 800 * kMs);
+  CHECK(m.takes_in(kT0, m.arm_at) == 0);
+  REQUIRE(m.takes_in(m.arm_at, m.arm_at + 1) == 1);   // woken by app_waits, at once
+  CHECK(m.received_at[0] == m.arrivals[0]);            // asleep on the NIC, taken as it comes
+
+  // The arm lands between the policy's look at app_polled and the thread
+  // announcing that it watches: the re-check sees it (no lost wake-up).
+  ProgressPolicy p(defaults());
+  const uint64_t now = kT0;
+  REQUIRE(p.next(now, now - 10 * kUs).what == Do::sleep);
+  CHECK_FALSE(p.app_active(now, 0));   // app_waits stored 0
+  CHECK(p.next(now, 0).what == Do::take_engine);
+}
+
+TEST_CASE("a passive target with nobody polling is served as each packet arrives", "[policy]") {
+  // Nobody polls (a passive RDMA target spins on its memory, or waits
+  // elsewhere): every packet is received when it arrives, sleeping or
+  // spinning.
+  Model m;
+  for (uint64_t t = kT0 + 1 * kMs; t < kT0 + 50 * kMs; t += 1 * kMs + 7 * kUs) m.arrivals.push_back(t);
+  // A stream: packets 10 us apart, taken while spinning (within a yield).
+  for (uint64_t t = kT0 + 60 * kMs; t < kT0 + 61 * kMs; t += 10 * kUs) m.arrivals.push_back(t);
+  m.run(kT0 + 100 * kMs);
+  uint64_t worst = 0;
+  for (size_t i = 0; i < m.arrivals.size(); i++) {
+    REQUIRE(m.received_at[i] != kNever);
+    worst = std::max(worst, m.received_at[i] - m.arrivals[i]);
+  }
+  CHECK(worst <= m.yield_ns);
+  CHECK(m.spins > 0);
+  CHECK(m.watch_sleeps.empty());
+  CHECK(m.slept_forever);   // idle at the end: no timer, asleep on the NIC only
+
+  // The same with an application spinning on the thread's core: each
+  // yield gives the core away (100 us). After three such yields in a row
+  // the thread stops spinning for 20 ms and sleeps on the NIC instead, and
+  // is still woken by each packet.
+  Model c;
+  c.yield_ns = 100 * kUs;
+  for (uint64_t t = kT0 + 1 * kMs; t < kT0 + 40 * kMs; t += 30 * kUs) c.arrivals.push_back(t);
+  c.run(kT0 + 50 * kMs);
+  worst = 0;
+  for (size_t i = 0; i < c.arrivals.size(); i++) {
+    REQUIRE(c.received_at[i] != kNever);
+    worst = std::max(worst, c.received_at[i] - c.arrivals[i]);
+  }
+  CHECK(worst <= c.yield_ns);
+  // 39 ms of packets every 30 us: spins only in the first burst and after
+  // the 20 ms pause, three each.
+  CHECK(c.spins == 6);
+  CHECK(c.nic_sleeps.size() > 1000);
+}
+
+TEST_CASE("idle: the thread sleeps on the NIC until the engine's next timer, or for ever", "[policy]") {
+  Model m;
+  m.timer = kT0 + 37 * kMs;
+  m.run(kT0 + 100 * kMs);
+  CHECK(m.timer_ran == kT0 + 37 * kMs);   // woken by its timeout, not before
+  CHECK(m.takes == std::vector<uint64_t>{kT0, kT0 + 37 * kMs});
+  CHECK(m.nic_sleeps.size() == 2);
+  CHECK(m.slept_forever);
+  CHECK(m.last_until == kNever);   // (progress_loop flushes the counters then)
+
+  ProgressPolicy p(defaults());
+  // A timer already due, or packets the NIC holds beyond its fd: at once.
+  CHECK(p.after_pass(kT0, false, kT0, false).what == Do::take_engine);
+  CHECK(p.after_pass(kT0, false, kT0 + kMs, true).what == Do::take_engine);
+  auto d = p.after_pass(kT0, false, kT0 + 5 * kMs, false);
+  CHECK(d.what == Do::sleep);
+  CHECK(d.on_nic);
+  CHECK(d.until == kT0 + 5 * kMs);
+
+  // A NIC without a wait fd is looked at every 200 us.
+  ProgressPolicy::Config c = defaults();
+  c.no_wait_fd_poll_ns = 200 * kUs;
+  ProgressPolicy q(c);
+  d = q.after_pass(kT0, false, kNever, false);
+  CHECK(d.what == Do::sleep);
+  CHECK(d.until == kT0 + 200 * kUs);
+}
+
+TEST_CASE("after a packet the thread spins for USRC_BUSY_POLL_US, looking at port events each ms", "[policy]") {
+  ProgressPolicy p(defaults());
+  auto d = p.after_pass(kT0, true, kNever, false);
+  CHECK(d.what == Do::spin);
+  CHECK(d.until == kNever);
+  CHECK(p.after_pass(kT0 + 49 * kUs, false, kNever, false).what == Do::spin);
+  CHECK(p.after_pass(kT0 + 50 * kUs, false, kNever, false).what == Do::sleep);
+
+  // Port events: on the first spin, then once a millisecond.
+  ProgressPolicy n(defaults());
+  int looks = 0;
+  for (uint64_t t = kT0; t < kT0 + 10 * kMs; t += 10 * kUs) {
+    REQUIRE(n.after_pass(t, true, kNever, false).what == Do::spin);
+    looks += n.yielded(t, t + 1 * kUs);
+  }
+  CHECK(looks == 10);
+
+  // No spinning at all with USRC_BUSY_POLL_US=0 (or at real-time priority).
+  ProgressPolicy::Config c = defaults();
+  c.spin_ns = 0;
+  ProgressPolicy z(c);
+  CHECK(z.after_pass(kT0, true, kNever, false).what == Do::sleep);
+
+  // One slow yield may be the hypervisor's: the spinning goes on.
+  ProgressPolicy h(defaults());
+  REQUIRE(h.after_pass(kT0, true, kNever, false).what == Do::spin);
+  h.yielded(kT0, kT0 + 200 * kUs);
+  h.yielded(kT0 + 200 * kUs, kT0 + 201 * kUs);
+  CHECK(h.after_pass(kT0 + 202 * kUs, true, kNever, false).what == Do::spin);
+}

@@ -1,6 +1,7 @@
 // Our packets, as tshark's InfiniBand dissector sees them: one packet of
-// each RC opcode (and UD SEND), built with build_headers(), padded, with a
-// valid ICRC (IP ID 0, DF), in Ethernet/IPv4/UDP to port 4791. tshark must
+// each RC opcode (and UD SEND), built with build_headers(), then every
+// opcode through every header builder (builders.h), padded, with a valid
+// ICRC (DF, the IP ID the segment index), in Ethernet/IPv4/UDP to port 4791. tshark must
 // dissect each as the opcode and header values we meant, and flag nothing
 // as malformed. Exit 77 (skipped) when tshark is not installed.
 #include <arpa/inet.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "../common/pcap.h"
+#include "builders.h"
 #include "tshark_rows.h"
 #include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
@@ -71,11 +73,18 @@ int main() {
       {Opcode::RC_ATOMIC_ACKNOWLEDGE, 0},
       {Opcode::UD_SEND_ONLY, 100},
   };
-  constexpr size_t n = sizeof cases / sizeof cases[0];
-  const uint32_t ip_a = 0x0a000001, ip_b = 0x0a000002;   // 10.0.0.1, 10.0.0.2
-  std::vector<wire::Headers> sent;
-  std::vector<test::UdpFrame> frames;
-  for (size_t i = 0; i < n; i++) {
+  // The packets: the cases above, built with build_headers(); then every
+  // opcode through every builder (builders.h; tests/wire checks that they
+  // write the same bytes), so that tshark reads what each one writes. Our
+  // manufacturer-specific opcode is left out: tshark does not know it.
+  struct Item {
+    wire::Headers h;
+    size_t payload_len;
+    std::string what;
+    std::vector<uint8_t> hdr;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const Case &c = cases[i];
     const wire::OpcodeInfo *info = wire::opcode_info(uint8_t(c.op));
     wire::Headers h;
@@ -91,13 +100,29 @@ int main() {
     h.imm_be = htonl(0xdead0000 + uint32_t(i));
     h.ieth = 0xbeef00 + uint32_t(i);
     h.deth = {0x11111111, 0x42};
-    std::vector<uint8_t> pkt(wire::kMaxHdrLen);
-    pkt.resize(wire::build_headers(h, c.payload_len, pkt.data()));
-    for (size_t k = 0; k < c.payload_len; k++) pkt.push_back(uint8_t(k));
-    pkt.insert(pkt.end(), wire::pad_for(c.payload_len), 0);
+    std::vector<uint8_t> hdr(wire::kMaxHdrLen);
+    hdr.resize(wire::build_headers(h, c.payload_len, hdr.data()));
+    items.push_back({h, c.payload_len, *c.what ? c.what : info->name, hdr});
+  }
+  for (const test::BuildCase &c : test::every_opcode_every_builder()) {
+    if (c.h.bth.opcode == uint8_t(Opcode::USRC_WRITE_PLACED)) continue;
+    for (const test::Built &b : c.built)
+      items.push_back({c.h, c.payload_len,
+                       std::string(wire::opcode_info(c.h.bth.opcode)->name) + " by " + b.builder, b.hdr});
+  }
+  const size_t n = items.size();
+  const uint32_t ip_a = 0x0a000001, ip_b = 0x0a000002;   // 10.0.0.1, 10.0.0.2
+  std::vector<test::UdpFrame> frames;
+  for (size_t i = 0; i < n; i++) {
+    const Item &it = items[i];
+    const wire::OpcodeInfo *info = wire::opcode_info(it.h.bth.opcode);
+    std::vector<uint8_t> pkt = it.hdr;
+    for (size_t k = 0; k < it.payload_len; k++) pkt.push_back(uint8_t(k));
+    pkt.insert(pkt.end(), wire::pad_for(it.payload_len), 0);
     // Requests go a -> b, responses b -> a; always to the RoCE v2 port.
     const bool req = info->mask & wire::IS_REQUEST;
-    const wire::Ipv4Pseudo ip{req ? ip_a : ip_b, req ? ip_b : ip_a, 49152, wire::kRoceV2Port};
+    wire::Ipv4Pseudo ip{req ? ip_a : ip_b, req ? ip_b : ip_a, 49152, wire::kRoceV2Port};
+    ip.ip_id = it.h.bth.seg;   // (as a GSO send's segment i has IP ID i)
     iovec iov{pkt.data(), pkt.size()};
     const uint32_t crc = wire::icrc_ipv4(ip, &iov, 1);
     pkt.resize(pkt.size() + wire::kIcrcLen);
@@ -106,10 +131,9 @@ int main() {
     wire::Parsed p;
     if (wire::parse(pkt.data(), pkt.size(), p) != wire::ParseError::ok ||
         wire::check_icrc_ipv4(ip, pkt.data(), pkt.size()) != wire::ParseError::ok) {
-      fprintf(stderr, "packet %zu: our own parser rejects it\n", i + 1);
+      fprintf(stderr, "packet %zu (%s): our own parser rejects it\n", i + 1, it.what.c_str());
       return 1;
     }
-    sent.push_back(h);
     frames.push_back({ip.src_ip, ip.dst_ip, ip.src_port, ip.dst_port, ip.ip_id,
                       ip.dont_fragment, pkt, 0, 20});
   }
@@ -143,10 +167,9 @@ int main() {
 
   using test::tshark_bytes, test::tshark_flag, test::tshark_num;
   for (size_t i = 0; i < n; i++) {
-    const Case &c = cases[i];
-    const wire::Headers &h = sent[i];
+    const wire::Headers &h = items[i].h;
     const uint32_t m = wire::opcode_info(h.bth.opcode)->mask;
-    const char *what = *c.what ? c.what : wire::opcode_info(h.bth.opcode)->name;
+    const char *what = items[i].what.c_str();
     const auto &r = rows[i];
     auto f = [&](const char *name) { return r.at(name); };
     auto want = [&](const char *name, uint64_t v) { expect(tshark_num(f(name)) == v, i, what, name, f(name)); };
@@ -160,7 +183,7 @@ int main() {
     want("infiniband.bth.destqp", h.bth.dest_qp);
     expect(tshark_flag(f("infiniband.bth.a")) == h.bth.ack_req, i, what, "ack_req", f("infiniband.bth.a"));
     expect(tshark_flag(f("infiniband.bth.se")) == h.bth.se, i, what, "se", f("infiniband.bth.se"));
-    want("infiniband.bth.padcnt", wire::pad_for(c.payload_len));
+    want("infiniband.bth.padcnt", wire::pad_for(items[i].payload_len));
     want("infiniband.bth.p_key", 0xffff);
     if (m & wire::HAS_RETH) {
       want("infiniband.reth.va", h.reth.va);

@@ -11,6 +11,8 @@
 #include <set>
 #include <string>
 
+#include "builders.h"
+#include "usrc/rc/wr_opcode.h"
 #include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
 
@@ -103,6 +105,9 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
       const std::string name = info->name;
       CHECK(name.substr(0, op >= 0xc0 ? 5 : 3) ==
             (op < 0x20 ? "RC_" : op < 0x40 ? "UC_" : op < 0xc0 ? "UD_" : "USRC_"));
+      // The transport bit is the top three bits' (none for ours).
+      CHECK((m & (IS_RC | IS_UC | IS_UD)) ==
+            (op < 0x20 ? IS_RC : op < 0x40 ? IS_UC : op < 0xc0 ? IS_UD : 0u));
       // Only UD has a DETH; only RC has responses, READ, atomics, invalidate.
       CHECK(bool(m & HAS_DETH) == (op >= 0x60 && op < 0xc0));
       if (op >= 0x20) CHECK(!(m & (IS_RESPONSE | IS_READ | IS_ATOMIC | HAS_IETH)));
@@ -133,7 +138,7 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
   CHECK(info(Opcode::RC_ATOMIC_ACKNOWLEDGE).hdr_len == 24);
   CHECK(info(Opcode::RC_COMPARE_SWAP).hdr_len == 40);
   CHECK(info(Opcode::UD_SEND_ONLY_IMM).hdr_len == 24);
-  CHECK(info(Opcode::RC_READ_REQUEST).mask == (IS_REQUEST | IS_READ | HAS_RETH | IS_FIRST |
+  CHECK(info(Opcode::RC_READ_REQUEST).mask == (IS_RC | IS_REQUEST | IS_READ | HAS_RETH | IS_FIRST |
                                                IS_LAST | IS_ONLY));
   CHECK(std::string(info(Opcode::UC_WRITE_LAST_IMM).name) == "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE");
 }
@@ -201,6 +206,91 @@ TEST_CASE("every opcode round-trips through build and parse", "[wire]") {
     }
   }
   CHECK(packets > 37 * 10);
+}
+
+TEST_CASE("every header builder writes what build_headers writes, for every opcode", "[wire]") {
+  const auto cases = usrc::test::every_opcode_every_builder();
+  std::set<std::string> builders;
+  size_t compared = 0;
+  for (const auto &c : cases) {
+    const OpcodeInfo &info = *opcode_info(c.h.bth.opcode);
+    INFO(info.name << " syndrome " << int(c.h.aeth.syndrome));
+    REQUIRE(c.built[0].builder == "build_headers");
+    const auto &want = c.built[0].hdr;
+    REQUIRE(want.size() == info.hdr_len);
+    for (const auto &b : c.built) {
+      INFO(b.builder);
+      builders.insert(b.builder);
+      CHECK(b.hdr == want);
+      compared++;
+    }
+    // And what build_headers wrote is what was asked for, read back
+    // through both layers of accessors.
+    std::vector<uint8_t> pkt = want;
+    pkt.resize(want.size() + c.payload_len + pad_for(c.payload_len) + kIcrcLen);
+    Parsed p;
+    REQUIRE(parse(pkt.data(), pkt.size(), p) == ParseError::ok);
+    CHECK(p.h.bth.seg == c.h.bth.seg);
+    CHECK(p.h.bth.psn == c.h.bth.psn);
+    CHECK(p.payload_len == c.payload_len);
+    const HdrView v = p.view();
+    CHECK(v.psn() == bth::psn(pkt.data()));
+    CHECK(v.qpn() == c.h.bth.dest_qp);
+    CHECK(v.ack_req() == c.h.bth.ack_req);
+    CHECK(v.se() == c.h.bth.se);
+    if (v.has(HAS_RETH)) CHECK((v.reth_va() == c.h.reth.va && v.reth_rkey() == c.h.reth.rkey &&
+                                v.reth_len() == c.h.reth.dma_len));
+    if (v.has(HAS_AETH)) CHECK((v.syndrome() == c.h.aeth.syndrome && v.msn() == c.h.aeth.msn));
+    if (v.has(HAS_IMMDT)) CHECK(v.imm_be() == c.h.imm_be);
+    if (v.has(HAS_ATOMICETH))
+      CHECK((v.atomic_va() == c.h.atomic.va && v.atomic_swap_add() == c.h.atomic.swap_add &&
+             v.atomic_compare() == c.h.atomic.compare && v.atomic_rkey() == c.h.atomic.rkey));
+    if (v.has(HAS_ATOMICACKETH)) CHECK(v.atomic_orig() == c.h.atomic_ack);
+    if (v.has(HAS_DETH)) CHECK((v.qkey() == c.h.deth.qkey && v.src_qp() == c.h.deth.src_qp));
+    if (v.has(HAS_IETH)) CHECK(v.ieth_rkey() == c.h.ieth);
+  }
+  CHECK(cases.size() == 38 + 3);   // every opcode, the ACK four ways
+  CHECK(builders == std::set<std::string>{"build_headers", "put_request", "bth words + put_request_ext", "put_ack"});
+  CHECK(compared == 41 + 2 * (24 + 1 + 1) + 4);   // SENDs and WRITEs (RC, UC), READ request, ours; ACKs
+}
+
+TEST_CASE("a work request's packets come from the WR opcode table", "[wire]") {
+  using usrc::rc::WrOpcode, usrc::rc::wr_info, usrc::rc::request_opcode;
+  auto ops = [](WrOpcode op, uint32_t n) {
+    std::vector<Opcode> v;
+    for (uint32_t k = 0; k < n; k++) v.push_back(Opcode(request_opcode(wr_info(op), k, n)));
+    return v;
+  };
+  using V = std::vector<Opcode>;
+  CHECK(ops(WrOpcode::send, 1) == V{Opcode::RC_SEND_ONLY});
+  CHECK(ops(WrOpcode::send, 3) == V{Opcode::RC_SEND_FIRST, Opcode::RC_SEND_MIDDLE, Opcode::RC_SEND_LAST});
+  CHECK(ops(WrOpcode::send_imm, 1) == V{Opcode::RC_SEND_ONLY_IMM});
+  CHECK(ops(WrOpcode::send_imm, 2) == V{Opcode::RC_SEND_FIRST, Opcode::RC_SEND_LAST_IMM});
+  CHECK(ops(WrOpcode::rdma_write, 1) == V{Opcode::RC_WRITE_ONLY});
+  CHECK(ops(WrOpcode::rdma_write, 3) == V{Opcode::RC_WRITE_FIRST, Opcode::RC_WRITE_MIDDLE, Opcode::RC_WRITE_LAST});
+  CHECK(ops(WrOpcode::rdma_write_imm, 1) == V{Opcode::RC_WRITE_ONLY_IMM});
+  CHECK(ops(WrOpcode::rdma_write_imm, 2) == V{Opcode::RC_WRITE_FIRST, Opcode::RC_WRITE_LAST_IMM});
+  CHECK(ops(WrOpcode::rdma_read, 1) == V{Opcode::RC_READ_REQUEST});
+  CHECK(ops(WrOpcode::atomic_cmp_swp, 1) == V{Opcode::RC_COMPARE_SWAP});
+  CHECK(ops(WrOpcode::atomic_fetch_add, 1) == V{Opcode::RC_FETCH_ADD});
+  const auto &read = wr_info(WrOpcode::rdma_read);
+  CHECK(read.response[position(true, true)] == Opcode::RC_READ_RESPONSE_ONLY);
+  CHECK(read.response[position(true, false)] == Opcode::RC_READ_RESPONSE_FIRST);
+  CHECK(read.response[position(false, false)] == Opcode::RC_READ_RESPONSE_MIDDLE);
+  CHECK(read.response[position(false, true)] == Opcode::RC_READ_RESPONSE_LAST);
+  CHECK(wr_info(WrOpcode::atomic_fetch_add).response[POS_ONLY] == Opcode::RC_ATOMIC_ACKNOWLEDGE);
+  // What each means, as the verbs name them.
+  CHECK(wr_info(WrOpcode::send_imm).wc_opcode == usrc::rc::WcOpcode::send);
+  CHECK(wr_info(WrOpcode::rdma_write_imm).wc_opcode == usrc::rc::WcOpcode::rdma_write);
+  CHECK(wr_info(WrOpcode::atomic_cmp_swp).wc_opcode == usrc::rc::WcOpcode::comp_swap);
+  for (unsigned op = 0; op < 7; op++) {
+    const auto *w = usrc::rc::wr_opcode_info(op);
+    REQUIRE(w);
+    const bool rd = op == 4 || op == 5 || op == 6;   // READ, CMP_AND_SWP, FETCH_AND_ADD
+    CHECK(bool(w->mask & usrc::rc::WR_READ_OR_ATOMIC) == rd);
+    CHECK(bool(w->mask & usrc::rc::WR_INLINE_OK) == !rd);
+  }
+  CHECK(usrc::rc::wr_opcode_info(7) == nullptr);   // IBV_WR_LOCAL_INV and on: not supported
 }
 
 TEST_CASE("the BTH and extended headers sit where IBA 9.2 and 9.3 put them", "[wire]") {

@@ -30,20 +30,18 @@ uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt) {
   uint8_t *h = pre + 8;                        // IPv4 header
   h[0] = 0x45;                                 // version 4, IHL 5
   h[1] = 0xff;                                 // TOS (DSCP/ECN): variant
-  h[2] = uint8_t(ip_len >> 8); h[3] = uint8_t(ip_len);
-  h[4] = uint8_t(ip.ip_id >> 8); h[5] = uint8_t(ip.ip_id);
+  be::put16(h + 2, uint16_t(ip_len));
+  be::put16(h + 4, ip.ip_id);
   h[6] = ip.dont_fragment ? 0x40 : 0; h[7] = 0;
   h[8] = 0xff;                                 // TTL: variant
   h[9] = 17;                                   // protocol UDP
   h[10] = h[11] = 0xff;                        // header checksum: variant
-  for (int i = 0; i < 4; i++) {
-    h[12 + i] = uint8_t(ip.src_ip >> (24 - 8 * i));
-    h[16 + i] = uint8_t(ip.dst_ip >> (24 - 8 * i));
-  }
+  be::put32(h + 12, ip.src_ip);
+  be::put32(h + 16, ip.dst_ip);
   uint8_t *u = h + kIpv4Len;                   // UDP header
-  u[0] = uint8_t(ip.src_port >> 8); u[1] = uint8_t(ip.src_port);
-  u[2] = uint8_t(ip.dst_port >> 8); u[3] = uint8_t(ip.dst_port);
-  u[4] = uint8_t(udp_len >> 8); u[5] = uint8_t(udp_len);
+  be::put16(u, ip.src_port);
+  be::put16(u + 2, ip.dst_port);
+  be::put16(u + 4, uint16_t(udp_len));
   u[6] = u[7] = 0xff;                          // UDP checksum: variant
 
   // The BTH, gathered (usually all of it from iov[0]); then resv8a masked.
@@ -55,7 +53,7 @@ uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt) {
     got += skip;
   }
   std::memset(b + got, 0, kBthLen - got);      // a runt: CRC it anyway, it is only wrong
-  b[4] = 0xff;                                 // BTH resv8a: variant
+  b[4] = 0xff;                                 // BTH resv8a (F, B, resv6): variant
 
   uint32_t crc = crc_update(0, pre, sizeof pre);
   if (i > 0) {   // the rest of the buffer the BTH ended in
@@ -69,11 +67,8 @@ uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt) {
 
 ParseError check_icrc_ipv4(const Ipv4Pseudo &ip, const uint8_t *buf, size_t len) {
   if (len < kBthLen + kIcrcLen) return ParseError::too_short;
-  const uint8_t *ic = buf + len - kIcrcLen;
-  const uint32_t wire =
-      uint32_t(ic[0]) | uint32_t(ic[1]) << 8 | uint32_t(ic[2]) << 16 | uint32_t(ic[3]) << 24;
   iovec iov{const_cast<uint8_t *>(buf), len - kIcrcLen};
-  return icrc_ipv4(ip, &iov, 1) == wire ? ParseError::ok : ParseError::bad_icrc;
+  return icrc_ipv4(ip, &iov, 1) == icrc::get(buf + len - kIcrcLen) ? ParseError::ok : ParseError::bad_icrc;
 }
 
 }  // namespace usrc::wire

@@ -32,12 +32,7 @@ struct Ipv4Pseudo {
 // store_icrc(). Copies only the 12-byte BTH, never the payload.
 uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt);
 
-inline void store_icrc(uint8_t *dst, uint32_t icrc) {
-  dst[0] = uint8_t(icrc);
-  dst[1] = uint8_t(icrc >> 8);
-  dst[2] = uint8_t(icrc >> 16);
-  dst[3] = uint8_t(icrc >> 24);
-}
+inline void store_icrc(uint8_t *dst, uint32_t crc) { icrc::put(dst, crc); }
 
 // buf/len: a whole UDP payload, ICRC included. ok if its trailing ICRC is
 // right for `ip`, too_short if there is no BTH and ICRC, else bad_icrc.

@@ -1,64 +1,18 @@
 // RoCE v2 packets: the IBA base transport header and extended headers in a
 // UDP payload, with the ICRC at the end (IBA vol. 1 ch. 9, annex A17).
-// One table describes every opcode (which headers, in which order, what the
-// packet does); build and parse both follow it. parse() never trusts input.
+// The opcode table (opcode.h) describes every opcode (which headers, where,
+// what the packet does); the builders and the parser below all follow it
+// and write and read the fields through hdr.h's accessors. parse() never
+// trusts input.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "usrc/wire/hdr.h"
+#include "usrc/wire/opcode.h"
+
 namespace usrc::wire {
-
-constexpr uint16_t kRoceV2Port = 4791;
-constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28,
-                 kAtomicAckEthLen = 8, kImmDtLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
-constexpr size_t kMaxHdrLen = 64;
-
-// IBA 9.2.1 table 38 (RC 000b, UC 001b, UD 011b in the top three bits).
-enum class Opcode : uint8_t {
-  RC_SEND_FIRST = 0x00, RC_SEND_MIDDLE = 0x01, RC_SEND_LAST = 0x02, RC_SEND_LAST_IMM = 0x03,
-  RC_SEND_ONLY = 0x04, RC_SEND_ONLY_IMM = 0x05, RC_WRITE_FIRST = 0x06, RC_WRITE_MIDDLE = 0x07,
-  RC_WRITE_LAST = 0x08, RC_WRITE_LAST_IMM = 0x09, RC_WRITE_ONLY = 0x0a,
-  RC_WRITE_ONLY_IMM = 0x0b, RC_READ_REQUEST = 0x0c, RC_READ_RESPONSE_FIRST = 0x0d,
-  RC_READ_RESPONSE_MIDDLE = 0x0e, RC_READ_RESPONSE_LAST = 0x0f, RC_READ_RESPONSE_ONLY = 0x10,
-  RC_ACKNOWLEDGE = 0x11, RC_ATOMIC_ACKNOWLEDGE = 0x12, RC_COMPARE_SWAP = 0x13,
-  RC_FETCH_ADD = 0x14, RC_SEND_LAST_INV = 0x16, RC_SEND_ONLY_INV = 0x17,
-  UC_SEND_FIRST = 0x20, UC_SEND_MIDDLE = 0x21, UC_SEND_LAST = 0x22, UC_SEND_LAST_IMM = 0x23,
-  UC_SEND_ONLY = 0x24, UC_SEND_ONLY_IMM = 0x25, UC_WRITE_FIRST = 0x26, UC_WRITE_MIDDLE = 0x27,
-  UC_WRITE_LAST = 0x28, UC_WRITE_LAST_IMM = 0x29, UC_WRITE_ONLY = 0x2a,
-  UC_WRITE_ONLY_IMM = 0x2b,
-  UD_SEND_ONLY = 0x64, UD_SEND_ONLY_IMM = 0x65,
-  // Manufacturer-specific opcode (IBA table 38, 110xxxxxb), ours: an RDMA
-  // WRITE whose data the requester has already placed in the responder's
-  // memory (same-host direct placement): BTH + RETH, no payload. The
-  // responder only takes its PSN and acknowledges it; it accepts it only
-  // through shared memory from this host (RxPacket::trusted).
-  USRC_WRITE_PLACED = 0xc0,
-};
-
-enum HdrMask : uint32_t {
-  HAS_RETH = 1u << 0, HAS_AETH = 1u << 1, HAS_ATOMICETH = 1u << 2, HAS_ATOMICACKETH = 1u << 3,
-  HAS_IMMDT = 1u << 4, HAS_IETH = 1u << 5, HAS_DETH = 1u << 6, HAS_PAYLOAD = 1u << 7,
-  IS_REQUEST = 1u << 8,    // requester to responder: SEND, WRITE, READ request, atomics
-  IS_RESPONSE = 1u << 9,   // READ response, ACK, ATOMIC ACK: handled by the completer
-  // Position in a message. An ONLY packet both starts and ends its message,
-  // so it carries IS_FIRST | IS_LAST | IS_ONLY: test IS_FIRST for "starts a
-  // message", IS_LAST for "ends one", IS_ONLY for "is the whole message".
-  // Single-packet opcodes (READ request, ACK, atomics) are ONLY packets.
-  IS_FIRST = 1u << 10,
-  IS_MIDDLE = 1u << 11,
-  IS_LAST = 1u << 12,
-  IS_ONLY = 1u << 18,
-  IS_SEND = 1u << 13, IS_WRITE = 1u << 14, IS_READ = 1u << 15, IS_ATOMIC = 1u << 16,
-  CONSUMES_RWQE = 1u << 17,   // the responder takes a receive WQE (SEND, WRITE with immediate)
-};
-
-struct OpcodeInfo {
-  const char *name;  // as IBA table 38 names it, e.g. "RC_RDMA_WRITE_FIRST"
-  uint32_t mask;     // HdrMask bits
-  uint8_t hdr_len;   // BTH + extended headers; the payload starts here
-};
-const OpcodeInfo *opcode_info(uint8_t opcode);   // nullptr if not a valid opcode
 
 struct Bth {
   uint8_t opcode = 0;
@@ -133,6 +87,8 @@ const char *to_string(ParseError e);
 struct Parsed {
   Headers h;
   const OpcodeInfo *info = nullptr;
+  const uint8_t *bth = nullptr;   // the packet: its BTH, then the headers view() finds
+  HdrView view() const { return {bth, info}; }
   const uint8_t *payload = nullptr;
   size_t payload_len = 0;   // without pad and ICRC
   uint32_t icrc = 0;        // as on the wire (stored little-endian)
@@ -148,38 +104,52 @@ constexpr uint8_t pad_for(size_t payload_len) {
 ParseError parse(const uint8_t *buf, size_t len, Parsed &out);
 // Writes the BTH and the extended headers of h.bth.opcode into out (at least
 // kMaxHdrLen bytes); pad_cnt comes from payload_len. Returns the header
-// length, 0 for an invalid opcode.
-// Sets the BTH's segment index (Bth::seg) in a built header.
-inline void set_seg(uint8_t *bth, uint8_t seg) { bth[4] = uint8_t((bth[4] & 0xc0) | (seg & 0x3f)); }
+// length, 0 for an invalid opcode. The general builder: the others below
+// write the same bytes for what they cover (tests/wire checks it).
 size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 
-// The pieces of build_headers for the per-packet path, which builds a
-// request's headers without a Headers struct: the BTH (IBA 9.2: opcode |
-// SE M Pad(2) TVer(4) | P_Key | F B resv6 | DestQP | A resv7 | PSN), with
-// P_Key 0xffff, M, TVer, F, B and the segment index 0; and the RETH.
-inline void put_be32(uint8_t *p, uint32_t v) {
-  v = __builtin_bswap32(v);
-  __builtin_memcpy(p, &v, 4);
+// The per-packet builders, for paths that build without a Headers struct.
+// Both write what build_headers() writes for a packet usrc sends (P_Key
+// 0xffff; M, TVer, F, B and the segment index 0).
+//
+// A SEND or RDMA WRITE request's extended headers after the BTH at b: the
+// RETH (va, rkey, dma_len) and the immediate data, as the opcode's row has
+// them (others are not written). Returns where the payload goes.
+[[gnu::always_inline]] inline uint8_t *put_request_ext(uint8_t *b, const OpcodeInfo &info, uint64_t va,
+                                                       uint32_t rkey, uint32_t dma_len, uint32_t imm_be) {
+  const HdrOut o{b, &info};
+  if (o.has(HAS_RETH)) reth::put(o.at(RETH), va, rkey, dma_len);
+  if (o.has(HAS_IMMDT)) immdt::put_be(o.at(IMMDT), imm_be);
+  return o.payload();
 }
-inline uint32_t get_be32(const uint8_t *p) {
-  uint32_t v;
-  __builtin_memcpy(&v, p, 4);
-  return __builtin_bswap32(v);
+// A whole SEND or RDMA WRITE request header: BTH (a payload of payload_len
+// bytes) and put_request_ext()'s. Returns where the payload goes.
+[[gnu::always_inline]] inline uint8_t *put_request(uint8_t *b, uint8_t opcode, bool se, size_t payload_len,
+                                                   uint32_t dest_qp, bool ack_req, uint32_t psn, uint64_t va,
+                                                   uint32_t rkey, uint32_t dma_len, uint32_t imm_be) {
+  bth::put(b, opcode, se, pad_for(payload_len), dest_qp, ack_req, psn);
+  return put_request_ext(b, kOpcodeTable[opcode], va, rkey, dma_len, imm_be);
 }
-constexpr uint32_t bth_word0(uint8_t opcode, bool se, uint8_t pad) {
-  return uint32_t(opcode) << 24 | uint32_t((se ? 0x80 : 0) | pad << 4) << 16 | 0xffff;
+// An ACKNOWLEDGE (ACK or NAK, the AETH's syndrome says): BTH and AETH.
+// Returns the header length.
+constexpr size_t kAckHdrLen = kBthLen + kAethLen;
+static_assert(info_of(Opcode::RC_ACKNOWLEDGE).hdr_len == kAckHdrLen);
+inline size_t put_ack(uint8_t *b, uint8_t syndrome, uint32_t msn, uint32_t dest_qp, uint32_t psn) {
+  bth::put(b, static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE), false, 0, dest_qp, false, psn);
+  aeth::put(b + info_of(Opcode::RC_ACKNOWLEDGE).offset[AETH], syndrome, msn);
+  return kAckHdrLen;
 }
+
+// The former names of the raw accessors, until their last users move to
+// hdr.h.
+inline void set_seg(uint8_t *b, uint8_t seg) { bth::set_seg(b, seg); }
+inline void put_be32(uint8_t *p, uint32_t v) { be::put32(p, v); }
+inline uint32_t get_be32(const uint8_t *p) { return be::get32(p); }
+constexpr uint32_t bth_word0(uint8_t opcode, bool se, uint8_t pad) { return bth::word0(opcode, se, pad); }
 inline void put_bth(uint8_t *p, uint8_t opcode, bool se, uint8_t pad, uint32_t dest_qp,
                     bool ack_req, uint32_t psn) {
-  put_be32(p, bth_word0(opcode, se, pad));
-  put_be32(p + 4, dest_qp & 0xffffff);
-  put_be32(p + 8, (ack_req ? 0x80000000u : 0) | (psn & 0xffffff));
+  bth::put(p, opcode, se, pad, dest_qp, ack_req, psn);
 }
-inline void put_reth(uint8_t *p, uint64_t va, uint32_t rkey, uint32_t dma_len) {
-  va = __builtin_bswap64(va);
-  __builtin_memcpy(p, &va, 8);
-  put_be32(p + 8, rkey);
-  put_be32(p + 12, dma_len);
-}
+inline void put_reth(uint8_t *p, uint64_t va, uint32_t rkey, uint32_t dma_len) { reth::put(p, va, rkey, dma_len); }
 
 }  // namespace usrc::wire

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "usrc/wire/hdr.h"
+
 namespace usrc::net {
 
 namespace {
@@ -94,26 +96,18 @@ void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint
   if (total > 65535) return;
   h[0] = 0x45;
   h[1] = tos;
-  h[2] = uint8_t(total >> 8);
-  h[3] = uint8_t(total);
-  h[4] = uint8_t(ip_id >> 8);
-  h[5] = uint8_t(ip_id);
+  wire::be::put16(h + 2, uint16_t(total));
+  wire::be::put16(h + 4, ip_id);
   h[6] = 0x40;   // DF
   h[8] = ttl ? ttl : 64;
   h[9] = 17;     // UDP
-  uint32_t s = htonl(src.ip), d = htonl(dst.ip);
-  std::memcpy(h + 12, &s, 4);
-  std::memcpy(h + 16, &d, 4);
-  uint16_t c = ip_checksum(h, 20);
-  h[10] = uint8_t(c >> 8);
-  h[11] = uint8_t(c);
+  wire::be::put32(h + 12, src.ip);
+  wire::be::put32(h + 16, dst.ip);
+  wire::be::put16(h + 10, ip_checksum(h, 20));
   const size_t ulen = 8 + len;
-  h[20] = uint8_t(src.port >> 8);
-  h[21] = uint8_t(src.port);
-  h[22] = uint8_t(dst.port >> 8);
-  h[23] = uint8_t(dst.port);
-  h[24] = uint8_t(ulen >> 8);
-  h[25] = uint8_t(ulen);
+  wire::be::put16(h + 20, src.port);
+  wire::be::put16(h + 22, dst.port);
+  wire::be::put16(h + 24, uint16_t(ulen));
   timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
   RecordHeader r{uint32_t(t.tv_sec), uint32_t(t.tv_nsec), uint32_t(total), uint32_t(total)};
@@ -137,8 +131,8 @@ size_t TraceNic::recv(std::span<RxPacket> out) {
   for (size_t i = 0; i < n; i++) {
     iovec v{const_cast<uint8_t *>(out[i].data), out[i].len};
     // The IP ID a usrc sender's kernel gave it: its GSO segment index, which
-    // usrc carries in the BTH's reserved bits (byte 4, wire::Bth::seg).
-    uint16_t id = out[i].len > 4 ? out[i].data[4] & 0x3f : 0;
+    // usrc carries in the BTH's reserved bits (wire::Bth::seg).
+    const uint16_t id = out[i].len >= wire::kBthLen ? wire::bth::seg(out[i].data) : 0;
     record(out[i].src, inner_->local(), 0, 0, id, &v, 1);
   }
   if (n) fflush(f_);

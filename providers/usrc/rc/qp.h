@@ -25,10 +25,10 @@ struct SendWqe {
   // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
   bool placed = false;
   // Posted by Engine::post_small: one packet built in place (send_direct)
-  // from what post time worked out, its BTH's first word (opcode, SE, pad,
-  // P_Key), whether it carries a RETH and immediate data, and its length.
+  // from what post time worked out: its BTH opcode, the BTH's first word
+  // (opcode, SE, pad, P_Key) and its length.
   bool small = false;
-  bool has_reth = false, has_imm = false;
+  uint8_t opcode = 0;
   uint16_t pkt_len = 0;
   uint32_t bth0 = 0;
   uint8_t inline_data[kMaxInline];

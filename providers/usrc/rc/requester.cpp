@@ -6,34 +6,16 @@
 #include "usrc/common/tunables.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
+#include "usrc/rc/wr_opcode.h"
 #include "usrc/wire/packet.h"
 
 namespace usrc::rc {
 
 using wire::Opcode;
 
-[[gnu::always_inline]] inline static Opcode request_opcode(const SendWqe &w, uint32_t k) {
-  bool only = w.npkts == 1, first = k == 0, last = k + 1 == w.npkts;
-  switch (w.wr.opcode) {
-    case WrOpcode::send:
-      return only ? Opcode::RC_SEND_ONLY : first ? Opcode::RC_SEND_FIRST
-                                        : last ? Opcode::RC_SEND_LAST : Opcode::RC_SEND_MIDDLE;
-    case WrOpcode::send_imm:
-      return only ? Opcode::RC_SEND_ONLY_IMM : first ? Opcode::RC_SEND_FIRST
-                                            : last ? Opcode::RC_SEND_LAST_IMM
-                                                   : Opcode::RC_SEND_MIDDLE;
-    case WrOpcode::rdma_write:
-      return only ? Opcode::RC_WRITE_ONLY : first ? Opcode::RC_WRITE_FIRST
-                                         : last ? Opcode::RC_WRITE_LAST : Opcode::RC_WRITE_MIDDLE;
-    case WrOpcode::rdma_write_imm:
-      return only ? Opcode::RC_WRITE_ONLY_IMM : first ? Opcode::RC_WRITE_FIRST
-                                             : last ? Opcode::RC_WRITE_LAST_IMM
-                                                    : Opcode::RC_WRITE_MIDDLE;
-    case WrOpcode::rdma_read: return Opcode::RC_READ_REQUEST;
-    case WrOpcode::atomic_cmp_swp: return Opcode::RC_COMPARE_SWAP;
-    case WrOpcode::atomic_fetch_add: return Opcode::RC_FETCH_ADD;
-  }
-  return Opcode::RC_SEND_ONLY;
+// The BTH opcode of packet k of w's message (the WR opcode table's).
+[[gnu::always_inline]] inline static uint8_t request_opcode(const SendWqe &w, uint32_t k) {
+  return request_opcode(wr_info(w.wr.opcode), k, w.npkts);
 }
 
 // Transmits what the window allows: new packets and, after go_back_n(),
@@ -143,30 +125,6 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
          qp.polls_at_post == polls.load(std::memory_order_relaxed);
 }
 
-// The headers after the BTH of a SEND or WRITE packet of w at p: the RETH
-// and the immediate data, as the opcode has them. Returns where the
-// payload goes.
-[[gnu::always_inline]] inline static uint8_t *put_ext(const SendWqe &w, bool reth, bool imm, uint8_t *p) {
-  if (reth) {
-    wire::put_reth(p, w.wr.remote_va, w.wr.rkey, w.length);
-    p += wire::kRethLen;
-  }
-  if (imm) {
-    std::memcpy(p, &w.wr.imm_be, 4);
-    p += wire::kImmDtLen;
-  }
-  return p;
-}
-
-// The headers of a SEND or WRITE packet of w at p: the BTH (a payload of
-// len bytes) and put_ext()'s. Returns where the payload goes.
-[[gnu::always_inline]] inline static uint8_t *put_request(const Qp &qp, const SendWqe &w, uint8_t op, uint32_t psn, uint32_t len,
-                            bool se, bool ack_req, uint8_t *p) {
-  const uint32_t mask = wire::opcode_info(op)->mask;
-  wire::put_bth(p, op, se, wire::pad_for(len), qp.dest_qpn, ack_req, psn);
-  return put_ext(w, mask & wire::HAS_RETH, mask & wire::HAS_IMMDT, p + wire::kBthLen);
-}
-
 // post_slot() for what small_wr() allows to a peer reached in place
 // (Qp::in_place), behind only small messages posted the same way: the WQE
 // takes its PSN and what its packet's headers need, and its packet is
@@ -187,14 +145,12 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   w.npkts = 1;
   w.rd_before = qp.rd_posted;
   w.first_psn = psn;
-  const uint8_t op = static_cast<uint8_t>(request_opcode(w, 0));
-  const wire::OpcodeInfo &info = *wire::opcode_info(op);
+  const uint8_t op = request_opcode(w, 0);
   const uint32_t pad = wire::pad_for(len);
   w.small = true;
-  w.has_reth = info.mask & wire::HAS_RETH;
-  w.has_imm = info.mask & wire::HAS_IMMDT;
-  w.pkt_len = static_cast<uint16_t>(info.hdr_len + len + pad + wire::kIcrcLen);
-  w.bth0 = wire::bth_word0(op, wr.flags & kSolicited, pad);
+  w.opcode = op;
+  w.pkt_len = static_cast<uint16_t>(wire::kOpcodeTable[op].hdr_len + len + pad + wire::kIcrcLen);
+  w.bth0 = wire::bth::word0(op, wr.flags & kSolicited, pad);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
   qp.sq.push();
   qp.next_psn = next;
@@ -233,7 +189,7 @@ bool Engine::send_direct(Qp &qp) {
   uint8_t *const base = ring_slot(qp, &cap);
   if (!base) return false;
   SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
-  const uint32_t seg = w->pkt_len, dest = qp.dest_qpn & 0xffffff;
+  const uint32_t seg = w->pkt_len, dest = qp.dest_qpn;
   // The slot's lines are the consumer's (it read them last time round):
   // all asked for at once, ahead of the writes, so that the stores do not
   // wait for them one by one.
@@ -245,15 +201,14 @@ bool Engine::send_direct(Qp &qp) {
     if (k && (total > seg || p + total > base + cap)) break;
     // The BTH (with its segment index and AckReq), then RETH and ImmDt as
     // the opcode has them, the payload, pad and ICRC.
-    wire::put_be32(p, w->bth0);
-    wire::put_be32(p + 4, k << 24 | dest);
-    wire::put_be32(p + 8, 0x80000000u | psn);
-    uint8_t *const q = put_ext(*w, w->has_reth, w->has_imm, p + wire::kBthLen);
+    wire::bth::put_words(p, w->bth0, wire::bth::word1(dest, uint8_t(k)), wire::bth::word2(psn, true));
+    uint8_t *const q = wire::put_request_ext(p, wire::kOpcodeTable[w->opcode], w->wr.remote_va, w->wr.rkey,
+                                             w->length, w->wr.imm_be);
     const uint32_t len = w->length;
     // (Its buffer unmapped: not sent, see Engine::source_faults.)
     if (len && !guard::copy(q, w->wr.sge[0].addr, len)) break;
-    std::memset(q + len, 0, 4);           // pad,
-    std::memset(p + total - 4, 0, 4);     // ICRC
+    std::memset(q + len, 0, 4);                                // pad (at most 3 bytes),
+    std::memset(p + total - wire::kIcrcLen, 0, wire::kIcrcLen);   // ICRC
     p += total;
     psn = psn_add(psn, 1);
     k++;
@@ -315,7 +270,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
       h.bth.opcode = static_cast<uint8_t>(Opcode::USRC_WRITE_PLACED);
       h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
     } else {
-      h.bth.opcode = static_cast<uint8_t>(request_opcode(w, 0));
+      h.bth.opcode = request_opcode(w, 0);
       // A READ asked for in pieces, or resent from a response gap, asks for
       // the bytes of PSNs [psn, next).
       uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.pmtu, w.length);
@@ -334,9 +289,9 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   // window keeps moving during long messages.
   const uint32_t every = tun_.ack_every;
   TxSlot &s = tx_slot();
-  uint8_t *p = put_request(qp, w, static_cast<uint8_t>(request_opcode(w, k)), psn, len,
-                           last && (w.wr.flags & kSolicited), ack_req || last || (every && (psn % every) == 0),
-                           s.hdr);
+  uint8_t *p = wire::put_request(s.hdr, request_opcode(w, k), last && (w.wr.flags & kSolicited), len,
+                                 qp.dest_qpn, ack_req || last || (every && (psn % every) == 0), psn,
+                                 w.wr.remote_va, w.wr.rkey, w.length, w.wr.imm_be);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
     // A small message in one buffer: copied behind the headers here (its

@@ -350,13 +350,15 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // *len: the message's length.
 static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_out) {
   if (qp->t->state <= rc::QpState::rtr) return EINVAL;   // RESET, INIT, RTR
-  // The supported opcodes are the first seven (see the static_assert below).
-  if (static_cast<unsigned>(wr.opcode) > IBV_WR_ATOMIC_FETCH_AND_ADD) return EINVAL;
-  const bool atomic = wr.opcode >= IBV_WR_ATOMIC_CMP_AND_SWP;
+  // The supported opcodes: those in the WR opcode table (numbered as the
+  // verbs number them, see the static_assert below).
+  const rc::WrOpcodeInfo *op = rc::wr_opcode_info(static_cast<unsigned>(wr.opcode));
+  if (!op) return EINVAL;
+  const bool atomic = op->mask & rc::WR_ATOMIC;
   if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   // READ and ATOMIC write local memory: no inline data.
-  if (inl && (atomic || wr.opcode == IBV_WR_RDMA_READ)) return EINVAL;
+  if (inl && !(op->mask & rc::WR_INLINE_OK)) return EINVAL;
   // One 8-byte SGE receives an ATOMIC's original value (IBA 10.7.2.2).
   if (atomic && (wr.num_sge != 1 || wr.sg_list[0].length != 8)) return EINVAL;
   uint64_t len = 0;
@@ -398,7 +400,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
     w->imm_be = wr->imm_data;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     const bool rd = rc::is_rd_atomic(w->opcode);
-    if (w->opcode == rc::WrOpcode::atomic_cmp_swp || w->opcode == rc::WrOpcode::atomic_fetch_add) {
+    if (rc::wr_info(w->opcode).mask & rc::WR_ATOMIC) {
       w->remote_va = wr->wr.atomic.remote_addr;
       w->rkey = wr->wr.atomic.rkey;
       w->compare_add = wr->wr.atomic.compare_add;
@@ -416,7 +418,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
       ok = map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, rd);
     }
     if (!ok) {
-      e.post_error(*qp->t, wr->wr_id, rc::wc_opcode_of(w->opcode), rc::WcStatus::loc_prot_err, false);
+      e.post_error(*qp->t, wr->wr_id, rc::wr_info(w->opcode).wc_opcode, rc::WcStatus::loc_prot_err, false);
       continue;
     }
     e.post_slot(*qp->t, len);

@@ -638,7 +638,7 @@ static bool write_losing(Pair &p, std::vector<uint32_t> lose) {
     if (d.size() < 13) return false;
     const bool nak = d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && d[12] == wire::aeth_nak(wire::NAK_PSN_SEQ);
     if (d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && !nak) return false;
-    const uint32_t psn = nak ? 0x800000u : wire::get_be32(d.data() + 8) & 0xffffff;
+    const uint32_t psn = nak ? 0x800000u : wire::bth::psn(d.data());
     const auto it = std::find(lose.begin(), lose.end(), psn);
     if (it == lose.end()) return false;
     lose.erase(it);   // (once)
@@ -791,7 +791,7 @@ TEST_CASE("packets kept beyond a gap: PSN rollover, an RNR on the way, an error"
     std::vector<uint8_t> target(65536, 0), src(65536, 7);
     p.b.mem.regions[6] = {target.data(), 0, target.size(), kAccessRemoteWrite};
     p.net.drop_if = [](const std::vector<uint8_t> &d) {   // every sending of PSN 3
-      return d[0] != uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && (wire::get_be32(d.data() + 8) & 0xffffff) == 3;
+      return d[0] != uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && wire::bth::psn(d.data()) == 3;
     };
     SendWr w;
     w.opcode = WrOpcode::rdma_write;

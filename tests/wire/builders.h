@@ -1,7 +1,8 @@
 // Every opcode through every header builder usrc has: the general one
 // (build_headers) and the per-packet ones the transport's short paths use
-// (put_request, the BTH words a WQE precomputes with put_request_ext, and
-// put_ack). Each case holds what each builder wrote for the same headers;
+// (put_request, which finds the RETH and ImmDt through the opcode table;
+// the BTH words a WQE precomputes with put_request_ext from the opcode's
+// HAS_RETH/HAS_IMMDT bits; put_ack). Each case holds what each builder wrote for the same headers;
 // test_wire compares them byte for byte with build_headers(), test_tshark
 // has Wireshark dissect all of them.
 #pragma once
@@ -107,7 +108,8 @@ inline std::vector<BuildCase> every_opcode_every_builder(uint32_t seed = 7) {
           const uint32_t w0 = wire::bth::word0(h.bth.opcode, h.bth.se, wire::pad_for(len));
           wire::bth::put_words(p, w0, wire::bth::word1(h.bth.dest_qp, h.bth.seg),
                                wire::bth::word2(h.bth.psn, h.bth.ack_req));
-          uint8_t *pay = wire::put_request_ext(p, *info, h.reth.va, h.reth.rkey, h.reth.dma_len, h.imm_be);
+          const uint32_t ext = info->mask & (wire::HAS_RETH | wire::HAS_IMMDT);   // (what a WQE keeps)
+          uint8_t *pay = wire::put_request_ext(p, ext, h.reth.va, h.reth.rkey, h.reth.dma_len, h.imm_be);
           if (pay != p + info->hdr_len) std::memset(p, 0, wire::kMaxHdrLen);
         }));
       }

@@ -9,7 +9,7 @@
 
 namespace usrc::rc {
 
-static WcOpcode wc_opcode(const SendWqe &w) { return wc_opcode_of(w.wr.opcode); }
+static WcOpcode wc_opcode(const SendWqe &w) { return wr_info(w.wr.opcode).wc_opcode; }
 
 // The WQE w at the head of the send queue has completed successfully:
 // its completion, if it asked for one (the caller pops it).
@@ -226,8 +226,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   }
   if (qp.sq.empty()) return;
   SendWqe &w = qp.sq.front();
-  if (w.first_psn != psn || (w.wr.opcode != WrOpcode::atomic_cmp_swp &&
-                             w.wr.opcode != WrOpcode::atomic_fetch_add)) {
+  if (w.first_psn != psn || !(wr_info(w.wr.opcode).mask & WR_ATOMIC)) {
     count(Counter::ghost_acks);
     return;
   }
@@ -271,19 +270,18 @@ static bool names_sent_psn(const Qp &qp, uint32_t psn) {
 }
 
 bool Engine::fast_ack(const net::RxPacket &pkt) {
-  constexpr size_t kLen = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
+  constexpr size_t kLen = wire::kAckHdrLen + wire::kIcrcLen;
   const uint8_t *b = pkt.data;
-  if (pkt.len != kLen || b[0] != uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
-  const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
-  const uint8_t syn = b[wire::kBthLen];
-  if ((w0 & 0x3f0000) != 0 || wire::get_be32(b + kLen - wire::kIcrcLen) != 0 ||   // pad, TVer 0
-      wire::aeth_type(syn) != wire::AckType::ack)
+  if (pkt.len != kLen || wire::bth::opcode(b) != uint8_t(wire::Opcode::RC_ACKNOWLEDGE)) return false;
+  const wire::HdrView v{b, &wire::info_of(wire::Opcode::RC_ACKNOWLEDGE)};
+  if (wire::bth::pad_tver(b) != 0 || wire::icrc::get(b + kLen - wire::kIcrcLen) != 0 ||   // pad, TVer 0
+      wire::aeth_type(v.syndrome()) != wire::AckType::ack)
     return false;
-  Qp *qp = find_qp(w1 & 0xffffff);
+  Qp *qp = find_qp(v.qpn());
   if (!qp || !qp->local_path || !from_peer(*qp, pkt.src) || qp->linger_until ||
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
-  const uint32_t psn = w2 & 0xffffff;
+  const uint32_t psn = v.psn();
   if (!names_sent_psn(*qp, psn)) return false;   // (a ghost: counted there)
   count(Counter::rx_packets);
   count(Counter::rx_bytes, kLen);
@@ -300,7 +298,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
     return;
   }
   if (v.p.info->mask & wire::IS_READ) return read_response(qp, v);
-  if (v.opcode() == static_cast<uint8_t>(wire::Opcode::RC_ATOMIC_ACKNOWLEDGE))
+  if (v.p.info->mask & wire::HAS_ATOMICACKETH)
     return atomic_ack(qp, v);
   uint8_t syn = v.p.h.aeth.syndrome;
   // A NAK names the PSN the responder expects; one older than una is stale.

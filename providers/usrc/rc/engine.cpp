@@ -177,7 +177,7 @@ void Engine::flush_queues(Qp &qp) {
   for (; !qp.sq.empty(); qp.sq.pop()) {
     SendWqe &w = qp.sq.front();
     if (w.placed) continue;   // completed when placed
-    push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wc_opcode_of(w.wr.opcode), false, false, 0, 0, qp.qpn,
+    push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wr_info(w.wr.opcode).wc_opcode, false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
   qp.tx_pos = qp.sq.head;
@@ -469,7 +469,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   }
   // RC opcodes only (IBA 9.2.1: transport 000b), and our placed-WRITE
   // notice from this host's shared memory.
-  if (v.opcode() >= 0x20 && !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
+  if (!(v.p.info->mask & wire::IS_RC) && !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
     count(Counter::malformed_drops);
     return;
   }
@@ -547,7 +547,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;
-  wire::set_seg(s.hdr, static_cast<uint8_t>(seg));
+  wire::bth::set_seg(s.hdr, static_cast<uint8_t>(seg));
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback.

@@ -20,6 +20,7 @@
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
 #include "usrc/rc/qp.h"
+#include "usrc/rc/wr_opcode.h"
 
 namespace usrc::rc {
 
@@ -74,7 +75,7 @@ class Engine {
   // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
   void set_state(Qp &qp, QpState s);
   void set_sq_psn(Qp &qp, uint32_t psn);
-  void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & 0xffffff; }
+  void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & kPsnMask; }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
   // The same in two steps, without a copy of the WR: the slot the next

@@ -25,10 +25,11 @@ struct SendWqe {
   // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
   bool placed = false;
   // Posted by Engine::post_small: one packet built in place (send_direct)
-  // from what post time worked out: its BTH opcode, the BTH's first word
-  // (opcode, SE, pad, P_Key) and its length.
+  // from what post time worked out: the BTH's first word (opcode, SE, pad,
+  // P_Key), which of RETH and ImmDt its opcode has (wire::HAS_RETH,
+  // wire::HAS_IMMDT) and its length.
   bool small = false;
-  uint8_t opcode = 0;
+  uint8_t reth_immdt = 0;
   uint16_t pkt_len = 0;
   uint32_t bth0 = 0;
   uint8_t inline_data[kMaxInline];

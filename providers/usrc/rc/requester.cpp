@@ -148,7 +148,7 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   const uint8_t op = request_opcode(w, 0);
   const uint32_t pad = wire::pad_for(len);
   w.small = true;
-  w.opcode = op;
+  w.reth_immdt = static_cast<uint8_t>(wire::kOpcodeTable[op].mask & (wire::HAS_RETH | wire::HAS_IMMDT));
   w.pkt_len = static_cast<uint16_t>(wire::kOpcodeTable[op].hdr_len + len + pad + wire::kIcrcLen);
   w.bth0 = wire::bth::word0(op, wr.flags & kSolicited, pad);
   qp.polls_at_post = polls.load(std::memory_order_relaxed);
@@ -202,8 +202,7 @@ bool Engine::send_direct(Qp &qp) {
     // The BTH (with its segment index and AckReq), then RETH and ImmDt as
     // the opcode has them, the payload, pad and ICRC.
     wire::bth::put_words(p, w->bth0, wire::bth::word1(dest, uint8_t(k)), wire::bth::word2(psn, true));
-    uint8_t *const q = wire::put_request_ext(p, wire::kOpcodeTable[w->opcode], w->wr.remote_va, w->wr.rkey,
-                                             w->length, w->wr.imm_be);
+    uint8_t *const q = wire::put_request_ext(p, w->reth_immdt, w->wr.remote_va, w->wr.rkey, w->length, w->wr.imm_be);
     const uint32_t len = w->length;
     // (Its buffer unmapped: not sent, see Engine::source_faults.)
     if (len && !guard::copy(q, w->wr.sge[0].addr, len)) break;

@@ -30,11 +30,9 @@ bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
   size_t cap = 0;
   uint8_t *const p = ring_slot(qp, &cap);   // (behind what is built: READ responses before their ACK)
   if (!p) return false;
-  constexpr size_t len = wire::kBthLen + wire::kAethLen + wire::kIcrcLen;
-  wire::put_bth(p, static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE), false, 0, qp.dest_qpn, false, psn);
-  wire::put_be32(p + wire::kBthLen, uint32_t(syndrome) << 24 | (qp.msn & 0xffffff));
-  std::memset(p + wire::kBthLen + wire::kAethLen, 0, wire::kIcrcLen);   // (a peer on this host)
-  ring_slot_done(len, len, 1);
+  const size_t hl = wire::put_ack(p, syndrome, qp.msn, qp.dest_qpn, psn);
+  std::memset(p + hl, 0, wire::kIcrcLen);   // (a peer on this host)
+  ring_slot_done(hl + wire::kIcrcLen, hl + wire::kIcrcLen, 1);
   return true;
 }
 
@@ -93,10 +91,11 @@ void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool 
 // NAK, drop and count what is wrong with it; what this one takes they
 // would handle the same way.
 size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
-  if (pkts[0].len < wire::kBthLen + wire::kIcrcLen ||
-      (pkts[0].data[0] | 1) != uint8_t(Opcode::RC_SEND_ONLY_IMM))   // (SEND ONLY is 4, with ImmDt 5)
+  constexpr uint8_t kOnly = uint8_t(Opcode::RC_SEND_ONLY), kOnlyImm = uint8_t(Opcode::RC_SEND_ONLY_IMM);
+  if (pkts[0].len < wire::kMinPacketLen ||
+      (wire::bth::opcode(pkts[0].data) != kOnly && wire::bth::opcode(pkts[0].data) != kOnlyImm))
     return 0;
-  const uint32_t qpn = wire::get_be32(pkts[0].data + 4) & 0xffffff;
+  const uint32_t qpn = wire::bth::qpn(pkts[0].data);
   Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.
   if (!qp || !qp->local_path || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->comm_est ||
@@ -132,22 +131,26 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
       __builtin_prefetch(a.data + a.len - 1);
     }
     const uint8_t *b = pkt.data;
-    if (pkt.len < wire::kBthLen + wire::kIcrcLen) break;
-    const bool imm = b[0] == uint8_t(Opcode::RC_SEND_ONLY_IMM);
-    if (b[0] != uint8_t(Opcode::RC_SEND_ONLY) && !imm) break;
-    const uint32_t w0 = wire::get_be32(b), w1 = wire::get_be32(b + 4), w2 = wire::get_be32(b + 8);
-    const uint32_t hl = wire::kBthLen + (imm ? wire::kImmDtLen : 0);
-    if ((w0 & 0xf0000) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
-    const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = (w0 >> 20) & 3;
-    if ((body & 3) || pad > body || wire::get_be32(b + pkt.len - wire::kIcrcLen) != 0) break;
-    if ((w1 & 0xffffff) != qpn || pkt.src != src || (w2 & 0xffffff) != epsn) break;
+    if (pkt.len < wire::kMinPacketLen) break;
+    const uint8_t op = wire::bth::opcode(b);
+    const bool imm = op == kOnlyImm;
+    if (op != kOnly && !imm) break;
+    // The header fields, read before the payload copy (which stores
+    // through a byte pointer, after which they would be read again).
+    const uint32_t hl = imm ? wire::info_of(Opcode::RC_SEND_ONLY_IMM).hdr_len
+                            : wire::info_of(Opcode::RC_SEND_ONLY).hdr_len;
+    if (wire::bth::tver(b) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
+    const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = wire::bth::pad(b);
+    if ((body & 3) || pad > body || wire::icrc::get(b + pkt.len - wire::kIcrcLen) != 0) break;
+    if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != epsn) break;
+    const bool solicited = wire::bth::se(b), ack_req = wire::bth::ack_req(b);
+    const uint32_t imm_be =
+        imm ? wire::immdt::get_be(b + wire::info_of(Opcode::RC_SEND_ONLY_IMM).offset[wire::IMMDT]) : 0;
     const uint32_t len = body - pad;
     if (len > pmtu || len > r->length) break;
     // (A receive buffer unmapped: the general path fails it.)
     if (!(r->wr.num_sge == 1 ? guard::copy(r->wr.sge[0].addr, b + hl, len) : scatter(*r, 0, b + hl, len)))
       break;
-    uint32_t imm_be = 0;
-    if (imm) std::memcpy(&imm_be, b + wire::kBthLen, 4);
     if (out != out_end) {
       Wc &w = *out++;
       w = wc0;
@@ -158,14 +161,14 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     } else if (cq) {
       c.wr_id = r->wr.wr_id;
       c.with_imm = imm;
-      c.solicited = w0 & 0x800000;
+      c.solicited = solicited;
       c.byte_len = len;
       c.imm_be = imm_be;
       if (!cq->push(c)) [[unlikely]] cq_overflow_ = true;
     }
     epsn = psn_add(epsn, 1);
     bytes += pkt.len;
-    ack |= (w2 & 0x80000000u) != 0;
+    ack |= ack_req;
     last_len = len;
     if (++r == rq_end) r = rq_begin;
   }
@@ -421,10 +424,7 @@ void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint
     uint32_t off = k * qp.pmtu, l = std::min(qp.pmtu, len - off);
     bool first = k == 0, last = k + 1 == n;
     wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(first && last ? Opcode::RC_READ_RESPONSE_ONLY
-                                        : first       ? Opcode::RC_READ_RESPONSE_FIRST
-                                        : last        ? Opcode::RC_READ_RESPONSE_LAST
-                                                      : Opcode::RC_READ_RESPONSE_MIDDLE);
+    h.bth.opcode = static_cast<uint8_t>(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]);
     h.bth.pkey = 0xffff;
     h.bth.dest_qp = qp.dest_qpn;
     h.bth.psn = psn_add(psn, k);

@@ -46,23 +46,10 @@ enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
   atomic_cmp_swp = 5, atomic_fetch_add = 6,
 };
 
-// READ and ATOMIC: one request, answered with data (IBA 9.4.3, 9.4.5).
-constexpr bool is_rd_atomic(WrOpcode op) { return op >= WrOpcode::rdma_read; }
-static_assert(WrOpcode::rdma_read < WrOpcode::atomic_cmp_swp &&
-              WrOpcode::rdma_read < WrOpcode::atomic_fetch_add && WrOpcode::send_imm < WrOpcode::rdma_read,
-              "READ and the ATOMICs are the highest WR opcodes");
-constexpr uint32_t kMaxRdAtomic = 16;
+// What each WR opcode means, and the packets it is made of: the WR
+// opcode table (wr_opcode.h).
 
-constexpr WcOpcode wc_opcode_of(WrOpcode op) {
-  switch (op) {
-    case WrOpcode::send:
-    case WrOpcode::send_imm: return WcOpcode::send;
-    case WrOpcode::rdma_read: return WcOpcode::rdma_read;
-    case WrOpcode::atomic_cmp_swp: return WcOpcode::comp_swap;
-    case WrOpcode::atomic_fetch_add: return WcOpcode::fetch_add;
-    default: return WcOpcode::rdma_write;
-  }
-}   // initiator depth and responder resources
+constexpr uint32_t kMaxRdAtomic = 16;   // initiator depth and responder resources
 
 enum WrFlags : uint32_t {         // = enum ibv_send_flags
   kFence = 1, kSignaled = 2, kSolicited = 4, kInline = 8,

@@ -113,7 +113,8 @@ constexpr const WrOpcodeInfo &wr_info(WrOpcode op) { return detail::kWrOpcodes[s
 constexpr const WrOpcodeInfo *wr_opcode_info(unsigned verbs_opcode) {
   return verbs_opcode < detail::kNumWrOpcodes ? &detail::kWrOpcodes[verbs_opcode] : nullptr;
 }
-constexpr bool is_read_or_atomic(WrOpcode op) { return wr_info(op).mask & WR_READ_OR_ATOMIC; }
+// READ and ATOMIC: one request, answered with data (IBA 9.4.3, 9.4.5).
+constexpr bool is_rd_atomic(WrOpcode op) { return wr_info(op).mask & WR_READ_OR_ATOMIC; }
 // The BTH opcode of packet k of a message of npkts packets of opcode op.
 constexpr uint8_t request_opcode(const WrOpcodeInfo &w, uint32_t k, uint32_t npkts) {
   return static_cast<uint8_t>(w.request[wire::position(k == 0, k + 1 == npkts)]);

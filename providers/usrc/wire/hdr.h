@@ -17,6 +17,7 @@ constexpr uint16_t kRoceV2Port = 4791;
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28,
                  kAtomicAckEthLen = 8, kImmDtLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
 constexpr size_t kMaxHdrLen = 64;
+constexpr size_t kMinPacketLen = kBthLen + kIcrcLen;   // the shortest a packet can be
 constexpr uint32_t kMask24 = 0xffffff;   // QPNs, PSNs, MSNs: 24 bits on the wire
 
 // Big-endian loads and stores, a word at a time (the headers are on the

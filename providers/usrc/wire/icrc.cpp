@@ -66,7 +66,7 @@ uint32_t icrc_ipv4(const Ipv4Pseudo &ip, const iovec *iov, size_t iovcnt) {
 }
 
 ParseError check_icrc_ipv4(const Ipv4Pseudo &ip, const uint8_t *buf, size_t len) {
-  if (len < kBthLen + kIcrcLen) return ParseError::too_short;
+  if (len < kMinPacketLen) return ParseError::too_short;
   iovec iov{const_cast<uint8_t *>(buf), len - kIcrcLen};
   return icrc_ipv4(ip, &iov, 1) == icrc::get(buf + len - kIcrcLen) ? ParseError::ok : ParseError::bad_icrc;
 }

@@ -34,7 +34,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
 }
 
 ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
-  if (len < kBthLen + kIcrcLen) return ParseError::too_short;
+  if (len < kMinPacketLen) return ParseError::too_short;
   const OpcodeInfo *info = opcode_info(bth::opcode(buf));
   if (!info) return ParseError::bad_opcode;
   const uint32_t m = info->mask;

@@ -122,6 +122,37 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
   if (o.has(HAS_IMMDT)) immdt::put_be(o.at(IMMDT), imm_be);
   return o.payload();
 }
+// The same for a caller that kept only the opcode's HAS_RETH and HAS_IMMDT
+// bits (the in-place path, which reads no table row per packet): in every
+// SEND and WRITE request the RETH follows the BTH and the ImmDt follows
+// that (checked against the table below).
+[[gnu::always_inline]] inline uint8_t *put_request_ext(uint8_t *b, uint32_t reth_immdt, uint64_t va, uint32_t rkey,
+                                                       uint32_t dma_len, uint32_t imm_be) {
+  uint8_t *p = b + kBthLen;
+  if (reth_immdt & HAS_RETH) {
+    reth::put(p, va, rkey, dma_len);
+    p += kRethLen;
+  }
+  if (reth_immdt & HAS_IMMDT) {
+    immdt::put_be(p, imm_be);
+    p += kImmDtLen;
+  }
+  return p;
+}
+namespace detail {
+constexpr bool send_write_ext_ok() {
+  for (const OpcodeInfo &i : kOpcodeTable) {
+    if (!i.name || !(i.mask & IS_REQUEST) || !(i.mask & (IS_SEND | IS_WRITE))) continue;
+    if (i.mask & (HAS_DETH | HAS_IETH)) continue;   // (not built this way)
+    const size_t reth = i.mask & HAS_RETH ? kRethLen : 0, imm = i.mask & HAS_IMMDT ? kImmDtLen : 0;
+    if ((reth && i.offset[RETH] != kBthLen) || (imm && i.offset[IMMDT] != kBthLen + reth) ||
+        i.hdr_len != kBthLen + reth + imm)
+      return false;
+  }
+  return true;
+}
+static_assert(send_write_ext_ok());
+}  // namespace detail
 // A whole SEND or RDMA WRITE request header: BTH (a payload of payload_len
 // bytes) and put_request_ext()'s. Returns where the payload goes.
 [[gnu::always_inline]] inline uint8_t *put_request(uint8_t *b, uint8_t opcode, bool se, size_t payload_len,
@@ -139,17 +170,5 @@ inline size_t put_ack(uint8_t *b, uint8_t syndrome, uint32_t msn, uint32_t dest_
   aeth::put(b + info_of(Opcode::RC_ACKNOWLEDGE).offset[AETH], syndrome, msn);
   return kAckHdrLen;
 }
-
-// The former names of the raw accessors, until their last users move to
-// hdr.h.
-inline void set_seg(uint8_t *b, uint8_t seg) { bth::set_seg(b, seg); }
-inline void put_be32(uint8_t *p, uint32_t v) { be::put32(p, v); }
-inline uint32_t get_be32(const uint8_t *p) { return be::get32(p); }
-constexpr uint32_t bth_word0(uint8_t opcode, bool se, uint8_t pad) { return bth::word0(opcode, se, pad); }
-inline void put_bth(uint8_t *p, uint8_t opcode, bool se, uint8_t pad, uint32_t dest_qp,
-                    bool ack_req, uint32_t psn) {
-  bth::put(p, opcode, se, pad, dest_qp, ack_req, psn);
-}
-inline void put_reth(uint8_t *p, uint64_t va, uint32_t rkey, uint32_t dma_len) { reth::put(p, va, rkey, dma_len); }
 
 }  // namespace usrc::wire

@@ -617,6 +617,10 @@ TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   ibv_sge seven{uintptr_t(&scratch), 7, 0};
   CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_FETCH_AND_ADD, &seven, 1, 0) == EINVAL);   // not 8 bytes
   CHECK(post_send(a.qp, 1, IBV_WR_RDMA_READ, &seven, 1, IBV_SEND_INLINE) == EINVAL);
+  ibv_sge eight{uintptr_t(&scratch), 8, 0};
+  CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_CMP_AND_SWP, &eight, 1, IBV_SEND_INLINE) == EINVAL);   // writes local memory
+  CHECK(post_send(a.qp, 1, IBV_WR_LOCAL_INV, &eight, 1, 0) == EINVAL);      // not in the WR opcode table
+  CHECK(post_send(a.qp, 1, IBV_WR_SEND_WITH_INV, &eight, 1, 0) == EINVAL);
   ibv_sge many[9] = {};
   CHECK(post_send(a.qp, 1, IBV_WR_SEND, many, 9, 0) == EINVAL);
   ibv_qp_init_attr ud{};

@@ -228,7 +228,7 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
     if (s.rate_limit && (!bps || uint64_t(s.rate_limit) * 1000 < bps)) bps = uint64_t(s.rate_limit) * 1000;
     t.rate_bps = bps;
   }
-  if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & 0xffffff;
+  if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & wire::kMask24;
   t.peer = peer;
   if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
     c.engine().nic().add_peer(peer);
@@ -238,8 +238,8 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
     s.path_mtu = attr->path_mtu;
     t.pmtu = mtu_bytes(attr->path_mtu);
   }
-  if (mask & IBV_QP_RQ_PSN) c.engine().set_rq_psn(t, s.rq_psn = attr->rq_psn & 0xffffff);
-  if (mask & IBV_QP_SQ_PSN) c.engine().set_sq_psn(t, s.sq_psn = attr->sq_psn & 0xffffff);
+  if (mask & IBV_QP_RQ_PSN) c.engine().set_rq_psn(t, s.rq_psn = attr->rq_psn & rc::kPsnMask);
+  if (mask & IBV_QP_SQ_PSN) c.engine().set_sq_psn(t, s.sq_psn = attr->sq_psn & rc::kPsnMask);
   if (mask & IBV_QP_TIMEOUT) t.timeout = s.timeout = attr->timeout;
   if (mask & IBV_QP_RETRY_CNT) t.retry_cnt = s.retry_cnt = attr->retry_cnt;
   if (mask & IBV_QP_RNR_RETRY) t.rnr_retry = s.rnr_retry = attr->rnr_retry;

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.h"
 #include "usrc/device.h"
 
@@ -366,21 +368,27 @@ int link_flush(const std::string &config) {
 
 int link_show(const std::string &name, bool json) {
   std::vector<std::string> names = name.empty() ? device_names() : std::vector<std::string>{name};
-  if (json) printf("[");
-  bool first = true;
+  auto out = nlohmann::ordered_json::array();
   for (auto &n : names) {
     std::string err;
     auto c = DeviceConfig::load(n, &err);
     if (!c) return fail(err);
     const char *type = c->link_layer == LinkLayer::ib ? "ib" : "roce";
     if (json) {
-      printf("%s{\"ifname\":\"%s\",\"port\":1,\"state\":\"ACTIVE\",\"physical_state\":\"LINK_UP\","
-             "\"netdev\":\"%s\",\"type\":\"%s\",\"lid\":%u,\"ipv4\":\"%s\",\"mtu\":%u,"
-             "\"udp_port\":%u,\"uverbs\":\"%s\",\"backend\":\"%s\"%s%s%s}",
-             first ? "" : ",", n.c_str(), c->netdev.c_str(), type, c->lid,
-             ip_str(c->ipv4).c_str(), c->active_mtu, c->base_port, uverbs_of(n).c_str(),
-             backend_name(c->backend), c->provider.empty() ? "" : ",\"provider\":\"",
-             c->provider.c_str(), c->provider.empty() ? "" : "\"");
+      nlohmann::ordered_json o = {{"ifname", n},
+                                  {"port", 1},
+                                  {"state", "ACTIVE"},
+                                  {"physical_state", "LINK_UP"},
+                                  {"netdev", c->netdev},
+                                  {"type", type},
+                                  {"lid", c->lid},
+                                  {"ipv4", ip_str(c->ipv4)},
+                                  {"mtu", c->active_mtu},
+                                  {"udp_port", c->base_port},
+                                  {"uverbs", uverbs_of(n)},
+                                  {"backend", backend_name(c->backend)}};
+      if (!c->provider.empty()) o["provider"] = c->provider;
+      out.push_back(std::move(o));
     } else {
       printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
              "mtu %u port %u backend %s%s%s\n",
@@ -388,9 +396,10 @@ int link_show(const std::string &name, bool json) {
              c->base_port, backend_name(c->backend), c->provider.empty() ? "" : " provider ",
              c->provider.c_str());
     }
-    first = false;
   }
-  if (json) printf("]\n");
+  // (Names, netdevs and providers are escaped: a netdev may be named
+  // anything the kernel allows.)
+  if (json) printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 

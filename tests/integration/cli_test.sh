@@ -64,6 +64,6 @@ fi
 
 "$USRC" link del c_ib || fail "link del"
 "$USRC" link del c_roce || fail "link del"
-[ ! -e $S/c_ib ] && [ ! -e $USRC_ROOT/counters/c_ib ] && [ ! -e $USRC_ROOT/sys/class/infiniband_verbs/uverbs0 ] || fail "link del leaves files"
+[ ! -e $S/c_ib ] && [ ! -e $USRC_ROOT/counters/c_ib.d ] && [ ! -e $USRC_ROOT/sys/class/infiniband_verbs/uverbs0 ] || fail "link del leaves files"
 "$USRC" link del c_ib 2>/dev/null && fail "deleting twice"
 echo PASS

@@ -192,7 +192,6 @@ int link_add(const LinkAddArgs &a) {
   try {
     fs::path root = root_dir();
     fs::create_directories(verbs_dir());
-    fs::create_directories(root / "counters");
     chmod(root.c_str(), 0755);
     write_file(verbs_dir() / "abi_version", "6\n");
 
@@ -228,13 +227,7 @@ int link_add(const LinkAddArgs &a) {
     write_file(tmp / kConfigFile, c.serialize());
     fs::rename(tmp, dev);
 
-    CountersFile cf{};
-    cf.magic = CountersFile::kMagic;
-    cf.count = kNumCounters;
-    std::ofstream f(counters_path(a.name), std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char *>(&cf), sizeof cf);
-    f.close();
-    chmod(counters_path(a.name).c_str(), 0666);   // every user of the device adds to it
+    if (std::string err; !make_counters_dir(a.name, &err)) throw std::runtime_error(err);
 
     // The character node libibverbs opens: a /dev/null clone. Never removed:
     // it is harmless and may serve devices of another USRC_ROOT.
@@ -271,7 +264,8 @@ int link_del(const std::string &name) {
     std::string uv = uverbs_of(name);
     if (!uv.empty()) fs::remove_all(verbs_dir() / uv);
     fs::remove_all(dev);
-    fs::remove(counters_path(name));
+    if (std::string err; !remove_counters_dir(name, &err)) throw std::runtime_error(err);
+    fs::remove(fs::path(root_dir()) / "counters" / name);   // (the single file of older versions)
   } catch (const std::exception &e) {
     return fail(e.what());
   }
@@ -351,6 +345,9 @@ int link_restore(const std::string &config) {
       LinkLayer ll = a.type == "ib" ? LinkLayer::ib : LinkLayer::roce;
       if (c->netdev != a.netdev || c->link_layer != ll || c->base_port != a.port)
         fprintf(stderr, "usrc: %s exists with other settings; left as it is\n", a.name.c_str());
+      // (A device an older usrc made has a single counters file instead.)
+      if (!fs::is_directory(counters_dir(a.name)) && !make_counters_dir(a.name, &err))
+        fprintf(stderr, "usrc: %s: %s\n", a.name.c_str(), err.c_str());
       continue;
     }
     if (link_add(a) != 0) rc = 1;   // try the others: one bad netdev must not hide the rest

@@ -274,6 +274,9 @@ bool make_counters_dir(const std::string &name, std::string *err) {
     return false;
   }
   if (!remove_counters_dir(name, err)) return false;   // (one left by a crash)
+  // The single file, writable by all, that older versions had: nothing
+  // opens it any more, nobody else shall.
+  unlink((top + "/" + name).c_str());
   const std::string dir = counters_dir(name);
   if (mkdir(dir.c_str(), 0700) != 0 || chmod(dir.c_str(), 01777) != 0) {
     *err = sys_err("cannot create " + dir);

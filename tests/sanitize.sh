@@ -54,7 +54,6 @@ for kind in $kinds; do
       # interposes malloc and the rest, it just is not first in the list.
       export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:verify_asan_link_order=0:detect_stack_use_after_return=1
       export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-      export LSAN_OPTIONS=suppressions=$SRC/tests/lsan.supp:print_suppressions=0
       ;;
     tsan)
       flags=thread

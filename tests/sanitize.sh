@@ -48,6 +48,7 @@ for kind in $kinds; do
     asan)
       flags=address,undefined
       PORT=36000
+      UNIT_DEFAULT=
       RUNTIME=$(gcc -print-file-name=libasan.so)
       # The provider is preloaded ahead of the runtime into programs that
       # are not instrumented (usrc exec puts it first): the runtime still
@@ -58,6 +59,12 @@ for kind in $kinds; do
     tsan)
       flags=thread
       PORT=38000
+      # The guarded copies (common/guard.h) leave a SIGSEGV raised inside
+      # a copy by a jump out of the handler: under TSan the process dies of
+      # that SIGSEGV instead. Their unit tests run under ASan and in the
+      # normal suite. (The verbs suite's tests on unmapped memory still die
+      # so under TSan: to be made TSan-proof in the guard.)
+      UNIT_DEFAULT='~[guard]'
       RUNTIME=$(gcc -print-file-name=libtsan.so)
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SRC/tests/tsan.supp"
       ;;
@@ -77,7 +84,8 @@ for kind in $kinds; do
   export USRC_PROVIDER=$SRC/$B/providers/usrc/libusrc-rdmav34.so
 
   # (UNIT_ARGS: Catch2 arguments, a test spec to narrow the unit tests.)
-  run "$kind unit_tests" $B/tests/unit/unit_tests ${UNIT_ARGS:+"$UNIT_ARGS"}
+  unit_args=${UNIT_ARGS:-$UNIT_DEFAULT}
+  run "$kind unit_tests" $B/tests/unit/unit_tests ${unit_args:+"$unit_args"}
   # (The live-tshark conformance test is the normal suite's.)
   run "$kind wire_tests" $B/tests/wire/wire_tests '~[rxe-live]'
 

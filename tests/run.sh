@@ -11,4 +11,7 @@ ctest --test-dir build --output-on-failure -j1 --timeout 600
 # .deb and the .rpm, lintian, pingpong against the installed package.
 if [ "${CI:-}" = true ]; then
   tests/packaging/package_test.sh
+  # The unit, wire and verbs suites and a stock pingpong under ASan+UBSan
+  # and under TSan (their own build directories).
+  tests/sanitize.sh
 fi

@@ -1,6 +1,6 @@
 // The on-disk contract between `usrc link add` (tools/usrc) and the provider
 // (providers/usrc): where a device lives, its configuration file, and the
-// shared counters file. Nothing here depends on libibverbs.
+// counters files. Nothing here depends on libibverbs.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,9 @@ inline std::string sysfs_dir() { return root_dir() + "/sys"; }
 inline std::string ibdev_dir(const std::string &name) {
   return sysfs_dir() + "/class/infiniband/" + name;
 }
-inline std::string counters_path(const std::string &name) {
-  return root_dir() + "/counters/" + name;
+// The device's counters directory (see CountersFile): one file per process.
+inline std::string counters_dir(const std::string &name) {
+  return root_dir() + "/counters/" + name + ".d";
 }
 constexpr const char *kConfigFile = "usrc.conf";   // inside ibdev_dir(name)
 
@@ -75,9 +76,10 @@ constexpr uint32_t kMaxSlots = (1u << (24 - kQpnIndexBits)) - 1;   // 4095
 constexpr uint32_t kQpsPerSlot = 1u << kQpnIndexBits;              // 4096
 constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
 
-// Counters: one file per device, a header then an array of uint64_t that
-// every process using the device adds to (relaxed atomics). usrc stats prints
-// them; usrc(7) lists them with these doc strings (man/mangen.cpp).
+// Counters: every context (each ibv_open_device of a process) counts into a
+// file of its own in the device's counters directory, counters_dir(name):
+// a header then an array of uint64_t. `usrc stats` sums the files. usrc(7) lists
+// the counters with these doc strings (man/mangen.cpp).
 #define USRC_COUNTERS(X)                                                      \
   X(tx_packets, "packets sent")                                               \
   X(rx_packets, "packets received")                                           \
@@ -119,11 +121,51 @@ constexpr uint32_t kNumCounters = static_cast<uint32_t>(Counter::count);
 const char *counter_name(Counter c);
 const char *counter_doc(Counter c);
 
+// The directory is sticky and writable by all (like /tmp): every user of
+// the device creates files there, nobody removes another's. A context maps
+// only a file it owns and no other user can write (created 0600 with
+// O_EXCL, made 0644 once complete), and holds an exclusive flock on it while
+// open. The file of a context that is gone (exit, kill, crash: its lock is
+// free) is taken over by the next context of the same user, which counts on
+// from its values: nothing counted is lost, and the directory holds no more
+// files per user than that user ever had contexts at once. Readers read()
+// the files (never map them) and skip any that is not a well-formed
+// counters file: short, foreign, a link, a FIFO.
 struct CountersFile {
-  static constexpr uint64_t kMagic = 0x5553524343544e31ull;   // "USRCCTN1"
+  static constexpr uint64_t kMagic = 0x5553524343545031ull;   // "USRCCTP1"
+  static constexpr uint64_t kMaxCount = 1024;   // more: not a counters file
   uint64_t magic;
   uint64_t count;               // number of counters that follow
   uint64_t value[kNumCounters];
 };
+
+// A context's own counters file, mapped: the engine counts into values().
+class OwnCounters {
+ public:
+  OwnCounters() = default;
+  OwnCounters(const OwnCounters &) = delete;
+  OwnCounters &operator=(const OwnCounters &) = delete;
+  ~OwnCounters();
+  // Takes over a file of this user's that no context holds, else creates
+  // one. false (and *err) if neither can be done: no counters then.
+  bool open(const std::string &name, std::string *err);
+  uint64_t *values() { return file_->value; }
+
+ private:
+  CountersFile *file_ = nullptr;
+  int fd_ = -1;   // holds the flock
+};
+
+// The device's counters: the sum over its files, less what the last
+// `usrc stats reset` set aside (out has kNumCounters entries). false (and
+// *err) if the device has no counters directory.
+bool read_counters(const std::string &name, uint64_t *out, std::string *err);
+// Sets the present sums aside (a file .reset in the directory, trusted
+// only from root or the directory's owner): later reads count from zero.
+bool reset_counters(const std::string &name, std::string *err);
+// `usrc link add` and `link del`: the directory, made anew (mode 1777) or
+// removed with everything in it (never following a link users planted).
+bool make_counters_dir(const std::string &name, std::string *err);
+bool remove_counters_dir(const std::string &name, std::string *err);
 
 }  // namespace usrc

@@ -150,15 +150,12 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     }
   }
 
-  int fd = ::open(counters_path(cfg.name).c_str(), O_RDWR | O_CLOEXEC);
-  if (fd >= 0) {
-    void *p = mmap(nullptr, sizeof(CountersFile), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p != MAP_FAILED && static_cast<CountersFile *>(p)->magic == CountersFile::kMagic)
-      c->shm_ = static_cast<CountersFile *>(p);
-    else if (p != MAP_FAILED)
-      munmap(p, sizeof(CountersFile));
-  }
+  // The engine counts straight into this context's own counters file
+  // (include/usrc/device.h, CountersFile).
+  if (std::string why; c->counters_.open(cfg.name, &why))
+    c->engine_->counters = c->counters_.values();
+  else
+    log().warn("{}: no counters: {}", cfg.name, why);
   log().info("{}: slot {} port {} window {}", cfg.name, slot, cfg.base_port + slot, window);
   c->thread_ = std::thread([p = c.get()] { p->progress_loop(); });
   return c.release();
@@ -204,27 +201,11 @@ Context::~Context() {
     (void)!write(wake_fd_, &one, sizeof one);
     thread_.join();
   }
-  if (engine_) {
-    std::lock_guard g(engine_->mu);
-    flush_counters();
-  }
   engine_.reset();
-  if (shm_) munmap(shm_, sizeof(CountersFile));
   if (wake_fd_ >= 0) ::close(wake_fd_);
   if (nl_fd_ >= 0) ::close(nl_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
   if (async_fd_[1] >= 0) ::close(async_fd_[1]);
-}
-
-void Context::flush_counters() {
-  if (!shm_) return;
-  // (A device made by an older version has fewer counters in its file.)
-  const uint64_t n = std::min<uint64_t>(shm_->count, kNumCounters);
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t d = engine_->counters[i] - flushed_[i];
-    if (d) std::atomic_ref<uint64_t>(shm_->value[i]).fetch_add(d, std::memory_order_relaxed);
-    flushed_[i] = engine_->counters[i];
-  }
 }
 
 // The progress thread: guarantees ACKs, retransmissions, timeouts and the
@@ -273,13 +254,8 @@ void Context::progress_loop() {
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       now = now_ns();
-      if (now - last_flush_ > 10'000'000) {
-        flush_counters();
-        last_flush_ = now;
-      }
       d = policy.after_pass(now, received != 0, engine_->next_deadline(),
                             engine_->nic().rx_pending());
-      if (d.until == UINT64_MAX) flush_counters();
       // kick() wakes us only for a timer earlier than this.
       sleep_until_.store(d.until, std::memory_order_release);
     }

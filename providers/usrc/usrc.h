@@ -161,9 +161,9 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
  private:
   Context() = default;
   void progress_loop();
-  void flush_counters();
 
   DeviceConfig cfg_;
+  OwnCounters counters_;   // (outlives the engine, which counts into it)
   std::unique_ptr<rc::Engine> engine_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
@@ -176,9 +176,6 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<bool> port_up_{true};
   void netdev_events();
   int async_fd_[2] = {-1, -1};
-  CountersFile *shm_ = nullptr;
-  std::array<uint64_t, kNumCounters> flushed_{};
-  uint64_t last_flush_ = 0;
   std::unordered_map<uint32_t, Mr *> mrs_;
   uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet
   // The MR found last (a stream posts from the same one, WR after WR).

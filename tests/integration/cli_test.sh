@@ -5,7 +5,8 @@ USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add)"; exit 77; }
 new_root
-trap 'rm -rf "$USRC_ROOT"' EXIT
+NS=usrc_cli_$$
+trap 'ip netns del $NS 2>/dev/null; rm -rf "$USRC_ROOT"' EXIT
 S=$USRC_ROOT/sys/class/infiniband
 
 "$USRC" link add c_ib netdev lo port 31000 || fail "link add"
@@ -36,6 +37,19 @@ grep -qx 'active_mtu=4096' $S/c_ib/usrc.conf || fail "lo MTU gives 4096"
 "$USRC" link show --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [x["ifname"] for x in d]==["c_ib","c_roce"], d' || fail "show --json"
 "$USRC" stats c_ib | grep -q ' retransmits 0 ' || fail "stats"
 "$USRC" stats --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d[0]["tx_packets"]==0' || fail "stats --json"
+# JSON escapes what it prints: a netdev (in a namespace of this test) named
+# with a quote and a backslash.
+if ip netns add "$NS" 2>/dev/null; then
+  ip -n "$NS" link add 'q"x\y' type veth peer name qq && ip -n "$NS" addr add 10.9.8.7/24 dev 'q"x\y' ||
+    fail "veth in $NS"
+  ip netns exec "$NS" "$USRC" link add c_q netdev 'q"x\y' port 34000 || fail "link add on q\"x\\y"
+  "$USRC" link show c_q --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d[0]["netdev"]=="q\"x\\y", d' ||
+    fail "show --json escapes the netdev name: $("$USRC" link show c_q --json)"
+  "$USRC" link show --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [x["ifname"] for x in d]==["c_ib","c_q","c_roce"], d' ||
+    fail "show --json, three devices"
+  "$USRC" link del c_q || fail "link del c_q"
+  ip netns del "$NS"
+fi
 
 env_out=$("$USRC" exec -- env)
 echo "$env_out" | grep -qx "SYSFS_PATH=$USRC_ROOT/sys" || fail "exec sets SYSFS_PATH"
@@ -50,6 +64,6 @@ fi
 
 "$USRC" link del c_ib || fail "link del"
 "$USRC" link del c_roce || fail "link del"
-[ ! -e $S/c_ib ] && [ ! -e $USRC_ROOT/counters/c_ib ] && [ ! -e $USRC_ROOT/sys/class/infiniband_verbs/uverbs0 ] || fail "link del leaves files"
+[ ! -e $S/c_ib ] && [ ! -e $USRC_ROOT/counters/c_ib.d ] && [ ! -e $USRC_ROOT/sys/class/infiniband_verbs/uverbs0 ] || fail "link del leaves files"
 "$USRC" link del c_ib 2>/dev/null && fail "deleting twice"
 echo PASS

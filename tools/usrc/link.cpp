@@ -17,6 +17,8 @@
 #include <sstream>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.h"
 #include "usrc/device.h"
 
@@ -190,7 +192,6 @@ int link_add(const LinkAddArgs &a) {
   try {
     fs::path root = root_dir();
     fs::create_directories(verbs_dir());
-    fs::create_directories(root / "counters");
     chmod(root.c_str(), 0755);
     write_file(verbs_dir() / "abi_version", "6\n");
 
@@ -226,13 +227,7 @@ int link_add(const LinkAddArgs &a) {
     write_file(tmp / kConfigFile, c.serialize());
     fs::rename(tmp, dev);
 
-    CountersFile cf{};
-    cf.magic = CountersFile::kMagic;
-    cf.count = kNumCounters;
-    std::ofstream f(counters_path(a.name), std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char *>(&cf), sizeof cf);
-    f.close();
-    chmod(counters_path(a.name).c_str(), 0666);   // every user of the device adds to it
+    if (std::string err; !make_counters_dir(a.name, &err)) throw std::runtime_error(err);
 
     // The character node libibverbs opens: a /dev/null clone. Never removed:
     // it is harmless and may serve devices of another USRC_ROOT.
@@ -269,7 +264,8 @@ int link_del(const std::string &name) {
     std::string uv = uverbs_of(name);
     if (!uv.empty()) fs::remove_all(verbs_dir() / uv);
     fs::remove_all(dev);
-    fs::remove(counters_path(name));
+    if (std::string err; !remove_counters_dir(name, &err)) throw std::runtime_error(err);
+    fs::remove(fs::path(root_dir()) / "counters" / name);   // (the single file of older versions)
   } catch (const std::exception &e) {
     return fail(e.what());
   }
@@ -349,6 +345,9 @@ int link_restore(const std::string &config) {
       LinkLayer ll = a.type == "ib" ? LinkLayer::ib : LinkLayer::roce;
       if (c->netdev != a.netdev || c->link_layer != ll || c->base_port != a.port)
         fprintf(stderr, "usrc: %s exists with other settings; left as it is\n", a.name.c_str());
+      // (A device an older usrc made has a single counters file instead.)
+      if (!fs::is_directory(counters_dir(a.name)) && !make_counters_dir(a.name, &err))
+        fprintf(stderr, "usrc: %s: %s\n", a.name.c_str(), err.c_str());
       continue;
     }
     if (link_add(a) != 0) rc = 1;   // try the others: one bad netdev must not hide the rest
@@ -366,21 +365,27 @@ int link_flush(const std::string &config) {
 
 int link_show(const std::string &name, bool json) {
   std::vector<std::string> names = name.empty() ? device_names() : std::vector<std::string>{name};
-  if (json) printf("[");
-  bool first = true;
+  auto out = nlohmann::ordered_json::array();
   for (auto &n : names) {
     std::string err;
     auto c = DeviceConfig::load(n, &err);
     if (!c) return fail(err);
     const char *type = c->link_layer == LinkLayer::ib ? "ib" : "roce";
     if (json) {
-      printf("%s{\"ifname\":\"%s\",\"port\":1,\"state\":\"ACTIVE\",\"physical_state\":\"LINK_UP\","
-             "\"netdev\":\"%s\",\"type\":\"%s\",\"lid\":%u,\"ipv4\":\"%s\",\"mtu\":%u,"
-             "\"udp_port\":%u,\"uverbs\":\"%s\",\"backend\":\"%s\"%s%s%s}",
-             first ? "" : ",", n.c_str(), c->netdev.c_str(), type, c->lid,
-             ip_str(c->ipv4).c_str(), c->active_mtu, c->base_port, uverbs_of(n).c_str(),
-             backend_name(c->backend), c->provider.empty() ? "" : ",\"provider\":\"",
-             c->provider.c_str(), c->provider.empty() ? "" : "\"");
+      nlohmann::ordered_json o = {{"ifname", n},
+                                  {"port", 1},
+                                  {"state", "ACTIVE"},
+                                  {"physical_state", "LINK_UP"},
+                                  {"netdev", c->netdev},
+                                  {"type", type},
+                                  {"lid", c->lid},
+                                  {"ipv4", ip_str(c->ipv4)},
+                                  {"mtu", c->active_mtu},
+                                  {"udp_port", c->base_port},
+                                  {"uverbs", uverbs_of(n)},
+                                  {"backend", backend_name(c->backend)}};
+      if (!c->provider.empty()) o["provider"] = c->provider;
+      out.push_back(std::move(o));
     } else {
       printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
              "mtu %u port %u backend %s%s%s\n",
@@ -388,9 +393,10 @@ int link_show(const std::string &name, bool json) {
              c->base_port, backend_name(c->backend), c->provider.empty() ? "" : " provider ",
              c->provider.c_str());
     }
-    first = false;
   }
-  if (json) printf("]\n");
+  // (Names, netdevs and providers are escaped: a netdev may be named
+  // anything the kernel allows.)
+  if (json) printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 

@@ -133,7 +133,11 @@ class Engine {
   net::Nic &nic() { return *nic_; }
   uint64_t now() const { return clock_(); }
 
-  std::array<uint64_t, kNumCounters> counters{};
+  // The protocol counters (Counter), counted under mu: in the engine, or
+  // where its context points them (its process's counters file, mapped:
+  // `usrc stats` reads them as they are made, even after a kill).
+  std::array<uint64_t, kNumCounters> own_counters{};
+  uint64_t *counters = own_counters.data();
   // A post completed a WQE by placing it since the last progress pass: a
   // poll that finds that completion should still receive (the peer's
   // notices and ACKs), as an empty poll would. Read without the lock.

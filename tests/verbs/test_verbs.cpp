@@ -1107,7 +1107,7 @@ TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
 
 // On-demand paging: nothing pinned; memory unmapped while registered gives
 // an access error, never a crash. Implicit ODP covers the address space.
-TEST_CASE("ODP: implicit MR, and memory unmapped while registered", "[verbs]") {
+TEST_CASE("ODP: implicit MR, and memory unmapped while registered", "[verbs][unmapped]") {
   Dev d;
   ibv_device_attr_ex ax{};
   REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &ax) == 0);
@@ -1849,7 +1849,7 @@ TEST_CASE("multi-packet RDMA WRITEs racing ibv_dereg_mr: nothing lands after it 
 // Registered memory (not ODP) unmapped while registered: a WRITE into it,
 // a READ from it and an ATOMIC on it are refused by the responder
 // (REM_ACCESS_ERR), a multi-packet one and a small one; no signal.
-TEST_CASE("WRITE, READ and ATOMIC on registered memory that was unmapped: REM_ACCESS_ERR, no signal", "[verbs]") {
+TEST_CASE("WRITE, READ and ATOMIC on registered memory that was unmapped: REM_ACCESS_ERR, no signal", "[verbs][unmapped]") {
   Dev d;
   const size_t len = 64 * 1024;
   auto *region = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE,
@@ -1905,7 +1905,7 @@ TEST_CASE("WRITE, READ and ATOMIC on registered memory that was unmapped: REM_AC
 // the peer takes (the shared-memory ring on this host), small and
 // multi-packet; a receive buffer unmapped completes with LOC_PROT_ERR and
 // the requester gets REM_OP_ERR. No signal.
-TEST_CASE("SEND from or into registered memory that was unmapped: LOC_PROT_ERR, no signal", "[verbs]") {
+TEST_CASE("SEND from or into registered memory that was unmapped: LOC_PROT_ERR, no signal", "[verbs][unmapped]") {
   Dev d;
   const size_t len = 64 * 1024;
   auto *region = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE,

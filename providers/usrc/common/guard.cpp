@@ -207,6 +207,7 @@ void install() {
 
 #ifndef USRC_GUARD_ASM
 bool copy(void *dst, const void *src, size_t n) {
+  if (!n) return true;   // (a zero-length SEND has no buffer: memcpy wants one)
   return run([&] { std::memcpy(dst, src, n); });
 }
 #endif

@@ -1,5 +1,7 @@
 #include "usrc/net/ofi.h"
 
+#include "usrc/common/guard.h"
+
 #include <arpa/inet.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -51,10 +53,14 @@ class OfiNic final : public Nic {
       uint32_t s = free_tx_.back();
       uint8_t *b = slot(s), *w = b + prefix_;
       size_t len = 0;
-      for (size_t i = 0; i < p.iovcnt && len + p.iov[i].iov_len <= max_payload_; i++) {
-        memcpy(w + len, p.iov[i].iov_base, p.iov[i].iov_len);
+      bool faulted = false;
+      for (size_t i = 0; i < p.iovcnt && len + p.iov[i].iov_len <= max_payload_ && !faulted; i++) {
+        faulted = !guard::copy(w + len, p.iov[i].iov_base, p.iov[i].iov_len);
         len += p.iov[i].iov_len;
       }
+      // A payload the application unmapped: skipped, as the kernel's EFAULT
+      // is on the udp backend; the transport's look at its sources finds it.
+      if (faulted) continue;
       ssize_t r;
       for (int tries = 0; (r = fi_send(ep_, b, prefix_ + len, desc_, to, &ctx_[s])) == -FI_EAGAIN &&
                           tries < 16;

@@ -2063,10 +2063,15 @@ TEST_CASE("CQ overrun: CQ_ERR, and the QP to the error state with QP_FATAL", "[v
     ibv_sge s{uintptr_t(tx), 64, mt->lkey};
     REQUIRE(post_send(qa, i, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
   }
-  auto rc = poll(b.cq, 8);
-  REQUIRE(rc.size() == 8);
+  // The third completion overruns the CQ: by then at least three SENDs
+  // arrived, byte-exact; the rest may have been flushed when the QP failed
+  // (how many went out first depends on the machine's timing).
+  auto rc = poll(b.cq, 3, 60);
+  REQUIRE(rc.size() >= 3);
+  for (const ibv_wc &w : rc) CHECK(w.status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(rx[0], tx, 64) == 0);
   bool cq_err = false, qp_fatal = false;
-  for (int i = 0; i < 100 && !(cq_err && qp_fatal); i++) {
+  for (int i = 0; i < 600 && !(cq_err && qp_fatal); i++) {
     pollfd pf{d.ctx->async_fd, POLLIN, 0};
     if (::poll(&pf, 1, 100) != 1) continue;
     ibv_async_event ev{};

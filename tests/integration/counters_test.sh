@@ -12,9 +12,7 @@
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, useradd)"; exit 77; }
-for t in ibv_rc_pingpong useradd userdel setpriv; do
-  command -v $t >/dev/null || { echo "$t not installed"; exit 77; }
-done
+need_tools ibv_rc_pingpong useradd userdel setpriv
 new_root
 U=usrcct$$
 OUT=$(mktemp /tmp/usrc-ct.XXXXXX)

@@ -14,9 +14,7 @@
 USRC=$1 USRC_PROVIDER=$2 PROG=$3
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, useradd)"; exit 77; }
-for t in useradd userdel setpriv; do
-  command -v $t >/dev/null || { echo "$t not installed"; exit 77; }
-done
+need_tools useradd userdel setpriv
 PY=/usr/bin/python3   # (not a shim in root's home, which the other user cannot read)
 [ -x $PY ] || { echo "$PY not installed"; exit 77; }
 new_root

@@ -6,6 +6,12 @@ export USRC_PROVIDER=${USRC_PROVIDER:?path to libusrc-rdmav34.so}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { echo "--- $*"; }
 
+# need_tools CMD...: skips the test (exit 77) unless every CMD is installed.
+need_tools() {
+  local t
+  for t; do command -v "$t" >/dev/null || { echo "$t not installed"; exit 77; }; done
+}
+
 new_root() {
   export USRC_ROOT=$(mktemp -d /tmp/usrc-test.XXXXXX)
   chmod 755 "$USRC_ROOT"

@@ -12,9 +12,7 @@
 USRC=$1 USRC_PROVIDER=$2 NODUMP=$3 ATTACK=$4
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, a second process without CAP_SYS_PTRACE)"; exit 77; }
-for t in ib_write_bw setpriv python3 ss; do
-  command -v $t >/dev/null || { echo "$t not installed"; exit 77; }
-done
+need_tools ib_write_bw setpriv python3 ss
 new_root
 OUT=$(mktemp /tmp/usrc-shmsec.XXXXXX)
 BASE=48500

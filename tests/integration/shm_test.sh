@@ -11,13 +11,11 @@
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, capture)"; exit 77; }
-for t in tshark ibv_rc_pingpong ibv_devinfo; do
-  command -v $t >/dev/null || { echo "$t not installed"; exit 77; }
-done
+need_tools tshark ibv_rc_pingpong ibv_devinfo
 new_root
 CAP=$(mktemp /tmp/usrc-shm.XXXXXX)
 BASE=47000
-trap 'kill $tpid $spid 2>/dev/null; "$USRC" link del sh0 >/dev/null 2>&1; rm -rf "$USRC_ROOT" "$CAP" "$CAP.log"' EXIT
+trap 'kill $tpid $spid 2>/dev/null; "$USRC" link del sh0 >/dev/null 2>&1; rm -rf "$USRC_ROOT" "$CAP" "$CAP".*' EXIT
 tpid= spid=
 "$USRC" link add sh0 netdev lo port $BASE || fail "link add"
 

@@ -311,9 +311,8 @@ class Endpoint {
   char last_error_[256] = "";
 };
 
-// Opens the server's endpoint, bound to ADDR:PORT, with `slots` receive
-// buffers of the largest message.
-int open_server(const Options &o, Endpoint *ep, size_t *slots) {
+// Finds the server's endpoint, bound to ADDR:PORT.
+int find_server(const Options &o, Endpoint *ep) {
   sockaddr_in src{};
   src.sin_family = AF_INET;
   src.sin_port = htons(static_cast<uint16_t>(o.port));
@@ -321,7 +320,13 @@ int open_server(const Options &o, Endpoint *ep, size_t *slots) {
     fprintf(stderr, "ofiblast: -b %s: not an IPv4 address\n", o.bind);
     return 1;
   }
-  if (int r = ep->find(o.prov, &src, nullptr)) return r;
+  return ep->find(o.prov, &src, nullptr);
+}
+
+// Opens the server's endpoint with `slots` receive buffers, posted, of the
+// largest message.
+int open_server(const Options &o, Endpoint *ep, size_t *slots) {
+  if (int r = find_server(o, ep)) return r;
   *slots = ep->fit(ep->rx_depth(), ep->max_size());
   if (int r = ep->open(*slots, ep->max_size())) return r;
   for (size_t s = 0; s < *slots; s++)
@@ -559,7 +564,7 @@ int pingpong_client(const Options &o) {
   bool tx_busy = false;      // the send slot's send has not completed
   bool greeting = true;      // awaiting the greeting's echo, not a ping's
   bool matched = false;      // the awaited echo came
-  uint64_t seq = 0;
+  uint64_t seq = 0, errs = 0;
   // Reads both queues once: a send completion frees the send slot, a
   // receive is checked against the awaited echo and its slot posted again.
   auto progress = [&]() -> int {
@@ -567,7 +572,7 @@ int pingpong_client(const Options &o) {
     if (n < 0) return fail("fi_cq_read", n);
     for (ssize_t i = 0; i < n; i++) {
       tx_busy = false;
-      if (done[i].err) fprintf(stderr, "ofiblast: send failed: %s\n", ep.last_error());
+      if (done[i].err) errs++;
     }
     n = ep.poll(true, done);
     if (n < 0) return fail("fi_cq_read", n);
@@ -628,6 +633,7 @@ int pingpong_client(const Options &o) {
       if (int r = progress()) return r;
     if (matched && warm >= 0) rtt.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
   }
+  report_errors(ep, errs, "sends");
   if (rtt.empty()) {
     fprintf(stderr, "ofiblast: no echo from %s:%d after the warm-up\n", o.host, o.port);
     return 2;
@@ -641,14 +647,7 @@ int pingpong_client(const Options &o) {
 // -i: what the provider offers for the server's endpoint.
 int show_info(const Options &o) {
   Endpoint ep;
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  src.sin_port = htons(static_cast<uint16_t>(o.port));
-  if (inet_pton(AF_INET, o.bind, &src.sin_addr) != 1) {
-    fprintf(stderr, "ofiblast: -b %s: not an IPv4 address\n", o.bind);
-    return 1;
-  }
-  if (int r = ep.find(o.prov, &src, nullptr)) return r;
+  if (int r = find_server(o, &ep)) return r;
   const fi_info *i = ep.info();
   printf("ofiblast info provider=%s fabric=%s domain=%s max_msg_size=%zu inject_size=%zu tx_size=%zu rx_size=%zu "
          "msg_prefix_size=%zu\n",

@@ -174,7 +174,8 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   int nl_fd_ = -1;                          // rtnetlink: the netdev's link and addresses
   unsigned ifindex_ = 0;
   std::atomic<bool> port_up_{true};
-  void netdev_events();
+  void watch_netdev();     // netdev_watch.cpp: opens nl_fd_, reads the port state
+  void netdev_events();    // reads nl_fd_; raises the port's events
   int async_fd_[2] = {-1, -1};
   std::unordered_map<uint32_t, Mr *> mrs_;
   uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet

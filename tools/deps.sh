@@ -2,7 +2,7 @@
 # Installs what usrc needs to build and test, from Debian 12 packages.
 set -euo pipefail
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catch2 libspdlog-dev
-      libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev tshark nftables iproute2 python3
+      libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev libmnl-dev tshark nftables iproute2 python3
       libpcap-dev"
 # NIC backends: libfabric (ofi), AF_XDP (xdp).
 PKGS="$PKGS libfabric-dev libfabric-bin libbpf-dev"

@@ -152,7 +152,6 @@ Context::~Context() {
   }
   engine_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (nl_fd_ >= 0) ::close(nl_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
   if (async_fd_[1] >= 0) ::close(async_fd_[1]);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "usrc/device.h"
+#include "usrc/net/rtnl.h"
 #include "usrc/rc/engine.h"
 #include "verbs_pabi34.h"
 
@@ -171,7 +172,8 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<uint64_t> app_polled_{0};    // when the application last polled
   std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
   int wake_fd_ = -1;                        // eventfd
-  int nl_fd_ = -1;                          // rtnetlink: the netdev's link and addresses
+  net::Rtnl nl_;                            // rtnetlink: the netdev's link and addresses
+  int nl_fd_ = -1;                          // its descriptor (-1: none)
   unsigned ifindex_ = 0;
   std::atomic<bool> port_up_{true};
   void watch_netdev();     // netdev_watch.cpp: opens nl_fd_, reads the port state

@@ -40,4 +40,25 @@ pair "xdp (B) - udp (A) pingpong -c" db ua ibv_rc_pingpong -c -n 1000
 pair "udp (B) - xdp (A) pingpong -c" ub da ibv_rc_pingpong -c -n 1000
 pair "xdp (B) - udp (A) ib_write_bw" db ua ib_write_bw -s 65536 -n 1000 -F
 grep -h "^ 65536" "$OUT.cli"
+
+# The peer's MAC changes under a running transfer (A on xdp, B on udp, whose
+# kernel drops frames sent to its old MAC) and A's kernel forgets the old
+# entry: the backend's neighbour cache follows the kernel's table (entry
+# gone, resolved anew), so the transfer goes on to its end.
+tx_of() { "$USRC" stats "$1" | awk '{for (i = 1; i < NF; i++) if ($i == "tx_packets") print $(i + 1)}'; }
+port=$(pick_port)
+ip netns exec $B timeout 60 "$USRC" exec -- ib_write_bw -d ub -s 4096 -D 4 -F -p $port >"$OUT.srv" 2>&1 &
+spid=$!
+wait_listen $B $port || fail "neighbour change: server did not listen"
+tx0=$(tx_of da)
+ip netns exec $A timeout 60 "$USRC" exec -- ib_write_bw -d da -s 4096 -D 4 -F -p $port 10.203.0.2 >"$OUT.cli" 2>&1 &
+cpid=$!
+for _ in $(seq 200); do [ "$(tx_of da)" -gt $((tx0 + 1000)) ] && break; sleep 0.05; done
+ip -n $B link set xb$$ address 02:00:00:5e:00:0b || fail "new MAC on xb$$"
+ip -n $A neigh flush dev xa$$
+kill -0 $cpid 2>/dev/null || note "neighbour change: the transfer ended before the change"
+wait $cpid; crc=$?; wait $spid; src=$?
+[ $crc = 0 ] && [ $src = 0 ] || { cat "$OUT.srv" "$OUT.cli"; fail "transfer across a neighbour change"; }
+ip -n $A neigh show dev xa$$ | grep -q 02:00:00:5e:00:0b || fail "A never learnt B's new MAC"
+note "neighbour change: $(grep -h '^ 4096' "$OUT.cli")"
 echo PASS

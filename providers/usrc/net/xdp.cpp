@@ -1,6 +1,7 @@
 #include "usrc/net/xdp.h"
 
 #include "usrc/common/guard.h"
+#include "usrc/net/neigh.h"
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
@@ -19,7 +20,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <unordered_map>
 #include <vector>
 
@@ -201,6 +201,7 @@ class XdpNic final : public Nic {
     };
     ifindex_ = if_nametoindex(netdev.c_str());
     if (!ifindex_) return fail("netdev " + netdev);
+    if (!neigh_.open(ifindex_)) return fail("rtnetlink (neighbours of " + netdev + ")");
     std::ifstream a("/sys/class/net/" + netdev + "/address");
     std::string mac;
     if (!(a >> mac) || !parse_mac(mac, src_mac_)) return fail("MAC of " + netdev);
@@ -335,32 +336,7 @@ class XdpNic final : public Nic {
     memcpy(u, uh, 8);
   }
 
-  // The peer's MAC from the kernel's neighbour table (/proc/net/arp),
-  // cached once complete.
-  bool neighbour(uint32_t ip, uint8_t mac[6]) {
-    auto it = macs_.find(ip);
-    if (it != macs_.end()) {
-      memcpy(mac, it->second.data(), 6);
-      return true;
-    }
-    std::ifstream arp("/proc/net/arp");
-    std::string line;
-    std::getline(arp, line);
-    while (std::getline(arp, line)) {
-      std::istringstream ls(line);
-      std::string addr, hw, flags, m;
-      ls >> addr >> hw >> flags >> m;
-      in_addr a{};
-      if (inet_pton(AF_INET, addr.c_str(), &a) != 1 || ntohl(a.s_addr) != ip) continue;
-      if (std::stoul(flags, nullptr, 16) & 0x2 /* ATF_COM */ && parse_mac(m, mac)) {
-        std::array<uint8_t, 6> v;
-        memcpy(v.data(), mac, 6);
-        macs_[ip] = v;
-        return true;
-      }
-    }
-    return false;
-  }
+  bool neighbour(uint32_t ip, uint8_t mac[6]) { return neigh_.find(ip, mac); }
   // One datagram through the kernel makes it resolve the neighbour (to the
   // discard port, not to usrc's: the peer's XDP program would take it).
   void probe(uint32_t ip) {
@@ -383,7 +359,7 @@ class XdpNic final : public Nic {
   void *umem_ = MAP_FAILED;
   Ring fill_, comp_, rx_, tx_;
   std::vector<uint64_t> rx_frames_, free_tx_;
-  std::unordered_map<uint32_t, std::array<uint8_t, 6>> macs_;
+  Neighbours neigh_;
   std::unordered_map<uint32_t, uint64_t> probed_;
 };
 

@@ -64,7 +64,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     } else if (cfg.backend == Backend::xdp) {
 #ifdef USRC_HAVE_XDP
       nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
-      max_payload = 4096 - 42;   // one UMEM frame less Ethernet/IPv4/UDP
+      max_payload = net::kXdpMaxPayload;
 #else
       *err = "backend xdp: this usrc was built without AF_XDP support (libxdp-dev, libbpf-dev, clang)";
       return nullptr;

@@ -26,7 +26,8 @@ pair() {
   local name=$1 sdev=$2 cdev=$3 port; port=$(pick_port); shift 3
   ip netns exec $B timeout 60 "$USRC" exec -- "$@" -d $sdev -p $port >"$OUT.srv" 2>&1 &
   wait_listen $B $port || fail "$name: server did not listen"
-  note "$name: $(ip -n $B -d link show xb$$ | grep -o 'prog/xdp[a-z]*' | head -1) on xb$$"
+  mode=$(ip -n $B -d link show xb$$ | grep -o 'prog/xdp[a-z]*' | head -1)   # (while it runs)
+  note "$name: $mode on xb$$"
   ip netns exec $A timeout 60 "$USRC" exec -- "$@" -d $cdev -p $port 10.203.0.2 >"$OUT.cli" 2>&1
   local crc=$?; wait $!; local src=$?
   [ $crc = 0 ] && [ $src = 0 ] || { cat "$OUT.srv" "$OUT.cli"; fail "$name"; }
@@ -61,4 +62,16 @@ wait $cpid; crc=$?; wait $spid; src=$?
 [ $crc = 0 ] && [ $src = 0 ] || { cat "$OUT.srv" "$OUT.cli"; fail "transfer across a neighbour change"; }
 ip -n $A neigh show dev xa$$ | grep -q 02:00:00:5e:00:0b || fail "A never learnt B's new MAC"
 note "neighbour change: $(grep -h '^ 4096' "$OUT.cli")"
+
+# A jumbo MTU (issue 24: every context open failed): link add gives an IBA
+# MTU an XSK frame carries (2048), and the program attaches in native mode
+# (it is multi-buffer aware, which veth requires above a page).
+ip -n $A link set xa$$ mtu 9000 && ip -n $B link set xb$$ mtu 9000 || fail "MTU 9000"
+ip netns exec $A "$USRC" link add ja netdev xa$$ backend xdp || fail "link add A xdp, MTU 9000"
+ip netns exec $B "$USRC" link add jb netdev xb$$ backend xdp || fail "link add B xdp, MTU 9000"
+"$USRC" link show ja | grep -q ' mtu 2048 ' || fail "xdp at MTU 9000: $("$USRC" link show ja)"
+pair "xdp-xdp pingpong, MTU 9000" jb ja ibv_rc_pingpong -m 2048 -s 8192 -n 1000
+[ "$mode" = prog/xdp ] || fail "not native XDP at MTU 9000: $mode"
+pair "xdp-xdp ib_write_bw, MTU 9000" jb ja ib_write_bw -s 65536 -n 1000 -F
+grep -h "^ 65536" "$OUT.cli"
 echo PASS

@@ -167,6 +167,9 @@ int link_add(const LinkAddArgs &a) {
   // libfabric's udp provider carries at most 1472 bytes (a 1500-byte
   // Ethernet MTU) whatever the netdev: keep ofi packets within it.
   if (backend == Backend::ofi) c.active_mtu = std::min<uint32_t>(c.active_mtu, 1024);
+  // An AF_XDP frame (4096 bytes, less the kernel's 256 bytes of headroom)
+  // carries an IBA MTU of 2048 at most, whatever the netdev's MTU.
+  if (backend == Backend::xdp) c.active_mtu = std::min<uint32_t>(c.active_mtu, 2048);
   if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
   c.base_port = static_cast<uint16_t>(a.port);
   c.backend = *backend;

@@ -15,6 +15,7 @@ Rtnl::~Rtnl() {
 bool Rtnl::open(unsigned groups) {
   nl_ = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (!nl_) return false;
+  buf_.resize(kBuffer);
   if (mnl_socket_bind(nl_, groups, MNL_SOCKET_AUTOPID) < 0) {
     const int e = errno;
     mnl_socket_close(nl_);
@@ -41,10 +42,9 @@ bool Rtnl::request(uint16_t type, uint16_t flags, const void *hdr, size_t len) {
 
 bool Rtnl::read(const std::function<void(const nlmsghdr *)> &each) {
   if (!nl_) return true;
-  alignas(nlmsghdr) char buf[MNL_SOCKET_BUFFER_SIZE];
   bool complete = true;
   for (;;) {
-    const ssize_t n = mnl_socket_recvfrom(nl_, buf, sizeof buf);
+    const ssize_t n = mnl_socket_recvfrom(nl_, buf_.data(), buf_.size());
     if (n < 0 && errno == ENOBUFS) {
       complete = false;
       continue;
@@ -57,7 +57,7 @@ bool Rtnl::read(const std::function<void(const nlmsghdr *)> &each) {
       (*static_cast<const std::function<void(const nlmsghdr *)> *>(f))(h);
       return int(MNL_CB_OK);
     };
-    if (mnl_cb_run(buf, size_t(n), 0, 0, cb, const_cast<std::function<void(const nlmsghdr *)> *>(&each)) < 0 &&
+    if (mnl_cb_run(buf_.data(), size_t(n), 0, 0, cb, const_cast<std::function<void(const nlmsghdr *)> *>(&each)) < 0 &&
         errno == EINTR)
       complete = false;
   }

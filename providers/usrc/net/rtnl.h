@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 struct mnl_socket;
 
@@ -37,8 +38,12 @@ class Rtnl {
   bool read(const std::function<void(const nlmsghdr *)> &each);
 
  private:
+  // Room for the largest datagram rtnetlink sends (a dump's part grows to
+  // the reader's buffer; a link message with many VFs passes 4 KB).
+  static constexpr size_t kBuffer = 32768;
   mnl_socket *nl_ = nullptr;
   uint32_t seq_ = 0;
+  std::vector<char> buf_;
 };
 
 }  // namespace usrc::net

@@ -2,9 +2,11 @@
 # Installs what usrc needs to build and test, from Debian 12 packages.
 set -euo pipefail
 PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catch2 libspdlog-dev
-      libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev tshark nftables iproute2 python3"
-# NIC backends: libfabric (ofi), AF_XDP (xdp).
-PKGS="$PKGS libfabric-dev libfabric-bin libbpf-dev"
+      libcli11-dev nlohmann-json3-dev zlib1g-dev libisal-dev libmnl-dev tshark nftables iproute2 python3
+      libpcap-dev"
+# NIC backends: libfabric (ofi), AF_XDP (xdp: libxdp and libbpf, clang for
+# its XDP program).
+PKGS="$PKGS libfabric-dev libfabric-bin libxdp-dev libbpf-dev clang"
 # Benchmark comparison tools (perftest-configs/bench.sh): raw UDP ping-pong,
 # libfabric's rxd/tcp pingpong, plots, per-process CPU time, a CPU hog (the
 # contended runs; the suite once under load).

@@ -6,10 +6,6 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <linux/netlink.h>
-#include <linux/rtnetlink.h>
-#include <net/if.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,16 +30,6 @@ uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-
-static bool netdev_running(const std::string &name) {
-  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return true;
-  ifreq r{};
-  std::strncpy(r.ifr_name, name.c_str(), IFNAMSIZ - 1);
-  bool up = ioctl(s, SIOCGIFFLAGS, &r) != 0 || ((r.ifr_flags & IFF_UP) && (r.ifr_flags & IFF_RUNNING));
-  ::close(s);
-  return up;
 }
 
 Context *Context::open(const DeviceConfig &cfg, std::string *err) {
@@ -79,7 +65,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
     } else if (cfg.backend == Backend::xdp) {
 #ifdef USRC_HAVE_XDP
       nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
-      max_payload = 4096 - 42;   // one UMEM frame less Ethernet/IPv4/UDP
+      max_payload = net::kXdpMaxPayload;
 #else
       *err = "backend xdp: this usrc was built without AF_XDP support (libxdp-dev, libbpf-dev, clang)";
       return nullptr;
@@ -136,20 +122,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   }
   fcntl(c->async_fd_[1], F_SETFL, O_NONBLOCK);
 
-  // Port events follow the netdev (IBV_EVENT_PORT_ACTIVE / PORT_ERR on link
-  // changes, IBV_EVENT_GID_CHANGE on address changes): watch rtnetlink.
-  c->ifindex_ = if_nametoindex(cfg.netdev.c_str());
-  c->port_up_ = netdev_running(cfg.netdev);
-  c->nl_fd_ = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE);
-  if (c->nl_fd_ >= 0) {
-    sockaddr_nl sa{};
-    sa.nl_family = AF_NETLINK;
-    sa.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
-    if (bind(c->nl_fd_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) {
-      ::close(c->nl_fd_);
-      c->nl_fd_ = -1;
-    }
-  }
+  c->watch_netdev();
 
   // The engine counts straight into this context's own counters file
   // (include/usrc/device.h, CountersFile).
@@ -160,30 +133,6 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   log().info("{}: slot {} port {} window {}", cfg.name, slot, cfg.base_port + slot, window);
   c->thread_ = std::thread([p = c.get()] { p->progress_loop(); });
   return c.release();
-}
-
-// Reads rtnetlink notifications; raises the port's async events.
-void Context::netdev_events() {
-  alignas(nlmsghdr) char buf[8192];
-  for (;;) {
-    ssize_t n = recv(nl_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n <= 0) return;
-    for (auto *h = reinterpret_cast<nlmsghdr *>(buf); NLMSG_OK(h, size_t(n)); h = NLMSG_NEXT(h, n)) {
-      if (h->nlmsg_type == RTM_NEWLINK || h->nlmsg_type == RTM_DELLINK) {
-        auto *ifi = static_cast<ifinfomsg *>(NLMSG_DATA(h));
-        if (unsigned(ifi->ifi_index) != ifindex_) continue;
-        bool up = h->nlmsg_type == RTM_NEWLINK && (ifi->ifi_flags & IFF_UP) &&
-                  (ifi->ifi_flags & IFF_RUNNING);
-        if (up != port_up_.exchange(up)) {
-          log().info("{}: port {}", cfg_.name, up ? "ACTIVE" : "DOWN");
-          async_event(reinterpret_cast<void *>(1), up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
-        }
-      } else if (h->nlmsg_type == RTM_NEWADDR || h->nlmsg_type == RTM_DELADDR) {
-        auto *ifa = static_cast<ifaddrmsg *>(NLMSG_DATA(h));
-        if (ifa->ifa_index == ifindex_) async_event(reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
-      }
-    }
-  }
 }
 
 Context::~Context() {
@@ -204,7 +153,6 @@ Context::~Context() {
   }
   engine_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  if (nl_fd_ >= 0) ::close(nl_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
   if (async_fd_[1] >= 0) ::close(async_fd_[1]);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "usrc/device.h"
+#include "usrc/net/rtnl.h"
 #include "usrc/rc/engine.h"
 #include "verbs_pabi34.h"
 
@@ -172,10 +173,12 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<uint64_t> app_polled_{0};    // when the application last polled
   std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
   int wake_fd_ = -1;                        // eventfd
-  int nl_fd_ = -1;                          // rtnetlink: the netdev's link and addresses
+  net::Rtnl nl_;                            // rtnetlink: the netdev's link and addresses
+  int nl_fd_ = -1;                          // its descriptor (-1: none)
   unsigned ifindex_ = 0;
   std::atomic<bool> port_up_{true};
-  void netdev_events();
+  void watch_netdev();     // netdev_watch.cpp: opens nl_fd_, reads the port state
+  void netdev_events();    // reads nl_fd_; raises the port's events
   int async_fd_[2] = {-1, -1};
   std::unordered_map<uint32_t, Mr *> mrs_;
   uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet

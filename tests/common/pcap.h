@@ -1,21 +1,23 @@
-// A minimal reader and writer of classic pcap files (not pcapng) for tests:
-// the IPv4/UDP datagrams of a capture, whatever its link type among
-// Ethernet (with or without 802.1Q tags), Linux cooked (SLL, SLL2), raw IP
-// and BSD loopback. Either byte order, micro- or nanosecond timestamps.
+// The IPv4/UDP datagrams of a capture for tests, read through libpcap (so
+// pcap and pcapng, either byte order, any timestamp precision), whatever
+// its link type among Ethernet (with or without 802.1Q tags), Linux cooked
+// (SLL, SLL2), raw IP and BSD loopback; and a writer of Ethernet captures.
 #pragma once
+
+#include <pcap/pcap.h>
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace usrc::test {
 
-// pcap link types (LINKTYPE_* of tcpdump.org/linktypes.html).
+// Link types as libpcap reports them (DLT_*; a file's LINKTYPE_RAW reads as DLT_RAW).
 enum : uint32_t {
-  kLinkNull = 0, kLinkEthernet = 1, kLinkRaw = 101, kLinkLinuxSll = 113, kLinkIpv4 = 228,
-  kLinkLinuxSll2 = 276,
+  kLinkNull = DLT_NULL, kLinkEthernet = DLT_EN10MB, kLinkRaw = DLT_RAW,
+  kLinkLinuxSll = DLT_LINUX_SLL, kLinkIpv4 = DLT_IPV4, kLinkLinuxSll2 = DLT_LINUX_SLL2,
 };
 
 struct UdpFrame {
@@ -29,7 +31,8 @@ struct UdpFrame {
 };
 
 struct PcapFile {
-  bool ok = false;                   // a pcap file we understand
+  bool ok = false;                   // a capture libpcap reads
+  std::string error;                 // libpcap's reason when not
   uint32_t link_type = 0;
   size_t records = 0;
   std::vector<UdpFrame> udp;         // its unfragmented IPv4/UDP datagrams
@@ -62,32 +65,25 @@ inline const uint8_t *pcap_ipv4(uint32_t link, bool swapped, const uint8_t *f, s
   return nullptr;
 }
 
+using PcapHandle = std::unique_ptr<pcap_t, decltype(&pcap_close)>;
+
 inline PcapFile read_pcap_file(const std::string &path) {
   PcapFile out;
-  std::ifstream in(path, std::ios::binary);
-  std::vector<uint8_t> d((std::istreambuf_iterator<char>(in)), {});
-  if (d.size() < 24) return out;
-  uint32_t magic;
-  std::memcpy(&magic, d.data(), 4);
-  bool swapped;
-  if (magic == 0xa1b2c3d4 || magic == 0xa1b23c4d) swapped = false;
-  else if (magic == 0xd4c3b2a1 || magic == 0x4d3cb2a1) swapped = true;
-  else return out;
-  auto u32 = [&](size_t off) {
-    uint32_t v;
-    std::memcpy(&v, d.data() + off, 4);
-    return swapped ? __builtin_bswap32(v) : v;
-  };
-  out.link_type = u32(20) & 0x0fffffff;   // the top bits may carry FCS info
+  char errbuf[PCAP_ERRBUF_SIZE] = "";
+  PcapHandle p(pcap_open_offline(path.c_str(), errbuf), &pcap_close);
+  if (!p) {
+    out.error = errbuf;
+    return out;
+  }
+  out.link_type = static_cast<uint32_t>(pcap_datalink(p.get()));
+  const bool swapped = pcap_is_swapped(p.get()) == 1;
   out.ok = true;
-  size_t off = 24;
-  while (off + 16 <= d.size()) {
-    const uint32_t incl = u32(off + 8);
-    off += 16;
-    if (incl > d.size() - off) break;   // a truncated last record
-    const uint8_t *f = d.data() + off;
-    off += incl;
+  pcap_pkthdr *h;
+  const u_char *f;
+  // (A truncated last record ends the walk as an error: what came before stays.)
+  while (pcap_next_ex(p.get(), &h, &f) == 1) {
     out.records++;
+    const size_t incl = h->caplen;
     const uint8_t *ip = pcap_ipv4(out.link_type, swapped, f, incl);
     if (!ip) continue;
     const size_t avail = incl - size_t(ip - f);
@@ -113,16 +109,19 @@ inline PcapFile read_pcap_file(const std::string &path) {
   return out;
 }
 
-// Every IPv4/UDP datagram of a pcap file.
+// Every IPv4/UDP datagram of a capture.
 inline std::vector<UdpFrame> read_pcap(const std::string &path) { return read_pcap_file(path).udp; }
 
 // Writes UDP payloads as Ethernet/IPv4/UDP frames (the frames' IP ID and DF,
 // TTL 64, valid IP header checksum, UDP checksum 0 as RoCE v2 allows).
-inline void write_pcap(const std::string &path, const std::vector<UdpFrame> &frames) {
-  std::ofstream f(path, std::ios::binary);
-  const uint32_t hdr[6] = {0xa1b2c3d4, 0x00040002, 0, 0, 65535, kLinkEthernet};
-  f.write(reinterpret_cast<const char *>(hdr), sizeof hdr);
-  uint32_t t = 0;
+// False when the file cannot be written.
+inline bool write_pcap(const std::string &path, const std::vector<UdpFrame> &frames) {
+  PcapHandle p(pcap_open_dead(DLT_EN10MB, 65535), &pcap_close);
+  if (!p) return false;
+  std::unique_ptr<pcap_dumper_t, decltype(&pcap_dump_close)> d(pcap_dump_open(p.get(), path.c_str()),
+                                                                 &pcap_dump_close);
+  if (!d) return false;
+  long t = 0;
   for (const UdpFrame &u : frames) {
     std::vector<uint8_t> e(14 + 20 + 8);
     e[0] = 0x02; e[6] = 0x02; e[11] = 1;   // locally administered MACs
@@ -147,10 +146,12 @@ inline void write_pcap(const std::string &path, const std::vector<UdpFrame> &fra
     udp[2] = uint8_t(u.dst_port >> 8); udp[3] = uint8_t(u.dst_port);
     udp[4] = uint8_t((8 + u.payload.size()) >> 8); udp[5] = uint8_t(8 + u.payload.size());
     e.insert(e.end(), u.payload.begin(), u.payload.end());
-    const uint32_t rec[4] = {t++, 0, uint32_t(e.size()), uint32_t(e.size())};
-    f.write(reinterpret_cast<const char *>(rec), sizeof rec);
-    f.write(reinterpret_cast<const char *>(e.data()), std::streamsize(e.size()));
+    pcap_pkthdr h{};
+    h.ts.tv_sec = t++;
+    h.caplen = h.len = static_cast<bpf_u_int32>(e.size());
+    pcap_dump(reinterpret_cast<u_char *>(d.get()), &h, e.data());
   }
+  return pcap_dump_flush(d.get()) == 0;
 }
 
 }  // namespace usrc::test

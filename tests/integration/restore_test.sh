@@ -36,7 +36,8 @@ after=$(cat "$USRC_ROOT"/sys/class/infiniband/r_ib/node_guid "$USRC_ROOT"/sys/cl
 "$USRC" link flush --config "$CONF" || fail "flush of nothing"
 
 echo "r_x netdev lo bogus 1" >>"$CONF"
-"$USRC" link restore --config "$CONF" 2>/dev/null && fail "bad line accepted"
+"$USRC" link restore --config "$CONF" 2>"$USRC_ROOT/err" && fail "bad line accepted"
+grep -q "$CONF: line 5: unknown keyword 'bogus'" "$USRC_ROOT/err" || fail "the bad line not named: $(cat "$USRC_ROOT/err")"
 [ -z "$("$USRC" link show)" ] || fail "bad config half-applied"
 "$USRC" link restore --config "$USRC_ROOT/nonexistent" 2>/dev/null && fail "missing config accepted"
 echo "restore_test: ok"

@@ -2,6 +2,7 @@
 // by its name, through serialize and parse.
 #include <catch2/catch.hpp>
 
+#include "usrc/common/config_text.h"
 #include "usrc/device.h"
 
 using namespace usrc;
@@ -25,9 +26,76 @@ TEST_CASE("the backend is named by one table, and round-trips through usrc.conf"
   CHECK_FALSE(backend_of(""));
   std::string err;
   CHECK_FALSE(DeviceConfig::parse("name=t0\nipv4=127.0.0.1\nbackend=dpdk\n", &err));
-  CHECK(err == "bad backend: dpdk");
+  CHECK(err == "line 3: bad backend: dpdk");
   // No backend line: udp.
   auto d = DeviceConfig::parse("name=t0\nipv4=127.0.0.1\n");
   REQUIRE(d);
   CHECK(d->backend == Backend::udp);
+}
+
+TEST_CASE("usrc.conf: a bad line is refused by its number, never thrown", "[config]") {
+  const std::string good = "name=t0\nipv4=127.0.0.1\n";
+  struct Bad {
+    const char *line, *err;
+  } bad[] = {
+      {"prefix_len=abc", "line 3: bad prefix_len: 'abc' (a number, at most 32)"},
+      {"prefix_len=33", "line 3: bad prefix_len: '33' (a number, at most 32)"},
+      {"prefix_len=24x", "line 3: bad prefix_len: '24x' (a number, at most 32)"},
+      {"prefix_len=-1", "line 3: bad prefix_len: '-1' (a number, at most 32)"},
+      {"prefix_len=", "line 3: bad prefix_len: '' (a number, at most 32)"},
+      {"base_port=65536", "line 3: bad base_port: '65536' (a number, at most 65535)"},
+      {"lid=99999999999999999999999", "line 3: bad lid: '99999999999999999999999' (a number, at most 65535)"},
+      {"node_guid=0xzz", "line 3: bad node_guid: '0xzz' (a number, at most 18446744073709551615)"},
+      {"active_mtu=1e3", "line 3: bad active_mtu: '1e3' (a number, at most 4294967295)"},
+      {"ipv4=1.2.3", "line 3: bad ipv4: 1.2.3"},
+      {"link_layer=eth", "line 3: bad link_layer: eth"},
+      {"just words", "line 3: not key=value: just words"},
+      {"=value", "line 3: not key=value: =value"},
+  };
+  for (const Bad &b : bad) {
+    INFO(b.line);
+    std::string err;
+    CHECK_FALSE(DeviceConfig::parse(good + b.line + "\n", &err));
+    CHECK(err == b.err);
+  }
+  std::string err;
+  CHECK_FALSE(DeviceConfig::parse("name=t0\n", &err));
+  CHECK(err == "name and ipv4 are required");
+  CHECK_FALSE(DeviceConfig::parse(good + "active_mtu=1500\n", &err));
+  CHECK(err == "active_mtu must be an IBA MTU (256..4096)");
+}
+
+TEST_CASE("usrc.conf: comments, blanks and numbers as written", "[config]") {
+  auto c = DeviceConfig::parse(
+      "# a device\n\n  name = t0  \r\nipv4=10.0.0.1 # trailing comment\nnetdev=a#b\n"
+      "node_guid=0x02ab00000000cdef\nbase_port=21000\nprefix_len=24\nfuture_key=anything\n");
+  REQUIRE(c);
+  CHECK(c->name == "t0");
+  CHECK(c->ipv4 == 0x0a000001);
+  CHECK(c->netdev == "a#b");   // '#' starts a comment only at the start of a word
+  CHECK(c->node_guid == 0x02ab00000000cdefull);
+  CHECK(c->base_port == 21000);
+  CHECK(c->prefix_len == 24);
+}
+
+TEST_CASE("the shared config reader: words, line numbers, numbers", "[config]") {
+  std::vector<std::pair<unsigned, std::vector<std::string>>> seen;
+  std::string why = config::each_line("a b\n\n# c\n  d\te  # f\ng", [&](const config::Line &l) {
+    seen.push_back({l.number, {l.words.begin(), l.words.end()}});
+    return std::string(l.words[0] == "g" ? "no g" : "");
+  });
+  CHECK(why == "line 5: no g");
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0] == std::pair<unsigned, std::vector<std::string>>{1, {"a", "b"}});
+  CHECK(seen[1] == std::pair<unsigned, std::vector<std::string>>{4, {"d", "e"}});
+  CHECK(seen[2].first == 5);
+  CHECK(config::to_uint("0", 0) == 0u);
+  CHECK(config::to_uint("65535", 65535) == 65535u);
+  CHECK_FALSE(config::to_uint("65536", 65535));
+  CHECK_FALSE(config::to_uint("+1", 10));
+  CHECK_FALSE(config::to_uint(" 1", 10));
+  CHECK_FALSE(config::to_uint("0x10", 100));   // hex only when asked
+  CHECK(config::to_uint("0x10", 100, true) == 16u);
+  CHECK(config::to_uint("10", 100, true) == 10u);
+  CHECK_FALSE(config::to_uint("0x", 100, true));
 }

@@ -11,7 +11,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -187,7 +190,10 @@ TEST_CASE("the pcap reader handles other link types and byte orders", "[wire][rx
   REQUIRE(d.size() > 24);
   const auto want = test::read_pcap(src);
   REQUIRE(!want.empty());
-  for (uint32_t link : {test::kLinkRaw, test::kLinkLinuxSll, test::kLinkIpv4}) {
+  // The file's LINKTYPE_* and the DLT_* libpcap reports for it.
+  const std::pair<uint32_t, uint32_t> links[] = {
+      {101, test::kLinkRaw}, {113, test::kLinkLinuxSll}, {228, test::kLinkIpv4}};
+  for (auto [linktype, link] : links) {
     for (bool big : {false, true}) {
       auto put32 = [&](std::vector<uint8_t> &o, uint32_t v) {
         if (big) v = __builtin_bswap32(v);
@@ -196,11 +202,11 @@ TEST_CASE("the pcap reader handles other link types and byte orders", "[wire][rx
       };
       std::vector<uint8_t> o;
       put32(o, 0xa1b2c3d4);
-      put32(o, 0x00040002);
+      put32(o, big ? 0x00020004 : 0x00040002);   // version 2.4: two 16-bit fields
       put32(o, 0);
       put32(o, 0);
       put32(o, 65535);
-      put32(o, link);
+      put32(o, linktype);
       for (size_t off = 24; off + 16 <= d.size();) {
         uint32_t incl;
         std::memcpy(&incl, d.data() + off + 8, 4);
@@ -222,7 +228,7 @@ TEST_CASE("the pcap reader handles other link types and byte orders", "[wire][rx
                                                   std::streamsize(o.size()));
       const test::PcapFile got = test::read_pcap_file(path);
       fs::remove(path);
-      INFO("link type " << link << (big ? " big-endian" : " little-endian"));
+      INFO("link type " << linktype << (big ? " big-endian" : " little-endian") << " " << got.error);
       CHECK(got.ok);
       CHECK(got.link_type == link);
       REQUIRE(got.udp.size() == want.size());
@@ -232,5 +238,38 @@ TEST_CASE("the pcap reader handles other link types and byte orders", "[wire][rx
         CHECK(got.udp[i].src_port == want[i].src_port);
       }
     }
+  }
+  // Not a capture: refused with libpcap's reason, not misread.
+  const std::string junk = (fs::temp_directory_path() /
+                            ("usrc-wire-junk-" + std::to_string(getpid()) + ".pcap")).string();
+  std::ofstream(junk) << "this is not a capture file, not at all\n";
+  const test::PcapFile bad = test::read_pcap_file(junk);
+  fs::remove(junk);
+  CHECK_FALSE(bad.ok);
+  CHECK_FALSE(bad.error.empty());
+}
+
+// A pcapng capture (what Wireshark and dumpcap write by default) reads as the
+// same datagrams: converted from a trace by editcap, which comes with tshark.
+TEST_CASE("the pcap reader reads pcapng", "[.][rxe-live]") {
+  const fs::path src = fs::path(USRC_RXE_TRACES) / "rc_send_multi.pcap";
+  const std::string ng = (fs::temp_directory_path() /
+                          ("usrc-wire-" + std::to_string(getpid()) + ".pcapng")).string();
+  const std::string cmd = "editcap -F pcapng '" + src.string() + "' '" + ng + "'";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream f(ng, std::ios::binary);
+  char magic[4] = {};
+  f.read(magic, 4);
+  CHECK(std::memcmp(magic, "\x0a\x0d\x0d\x0a", 4) == 0);   // a pcapng section header
+  const test::PcapFile got = test::read_pcap_file(ng);
+  fs::remove(ng);
+  const test::PcapFile want = test::read_pcap_file(src);
+  REQUIRE(got.ok);
+  CHECK(got.link_type == test::kLinkEthernet);
+  CHECK(got.records == want.records);
+  REQUIRE(got.udp.size() == want.udp.size());
+  for (size_t i = 0; i < want.udp.size(); i++) {
+    CHECK(got.udp[i].payload == want.udp[i].payload);
+    CHECK(got.udp[i].frame_no == want.udp[i].frame_no);
   }
 }

@@ -142,7 +142,11 @@ int main() {
   const int fd = mkstemp(path);
   if (fd < 0) return 1;
   close(fd);
-  test::write_pcap(path, frames);
+  if (!test::write_pcap(path, frames)) {
+    fprintf(stderr, "cannot write %s\n", path);
+    unlink(path);
+    return 1;
+  }
   const std::string cmd =
       std::string("tshark -n -r ") + path +
       " -T fields -E header=y -E separator=, -E occurrence=f"

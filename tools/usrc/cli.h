@@ -2,6 +2,7 @@
 // counters (stats).
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace usrc::cli {
@@ -17,7 +18,9 @@ int link_del(const std::string &name);
 // ones (idempotent); flush removes the ones named there.
 int link_restore(const std::string &config);
 int link_flush(const std::string &config);
-int parse_link_words(const std::vector<std::string> &words, LinkAddArgs &a);
+// The words after `link add NAME` (and after NAME in links.conf): "" when
+// good, else what is wrong with them.
+std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &a);
 inline constexpr const char *kLinksConf = "/etc/usrc/links.conf";
 int link_show(const std::string &name, bool json);
 int stats_show(const std::string &name, bool json);

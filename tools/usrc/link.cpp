@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "usrc/common/config_text.h"
 #include "usrc/device.h"
 
 namespace fs = std::filesystem;
@@ -135,6 +136,8 @@ int link_add(const LinkAddArgs &a) {
   const std::optional<Backend> backend = backend_of(a.backend);
   if (!backend) return fail("backend must be udp, xdp or ofi");
   if (!a.provider.empty() && backend != Backend::ofi) return fail("provider applies to backend ofi only");
+  if (std::any_of(a.provider.begin(), a.provider.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; }))
+    return fail("bad provider name '" + a.provider + "'");
   if (a.port < 1024 || a.port > 65535 - int(kMaxSlots))
     return fail("port must be 1024.." + std::to_string(65535 - kMaxSlots));
   unsigned ifindex = if_nametoindex(a.netdev.c_str());
@@ -158,15 +161,15 @@ int link_add(const LinkAddArgs &a) {
                   " has no LID: on InfiniBand link layer the LID is the low 14 bits of the "
                   "address, which must not be 0 (use another address or type roce)");
   }
-  uint32_t mtu = 1500;
-  try {
-    mtu = std::stoul(read_file("/sys/class/net/" + a.netdev + "/mtu"));
-  } catch (...) {
-  }
+  const uint32_t mtu = static_cast<uint32_t>(
+      config::to_uint(read_file("/sys/class/net/" + a.netdev + "/mtu"), UINT32_MAX).value_or(1500));
   c.active_mtu = active_mtu_for(mtu);
   // libfabric's udp provider carries at most 1472 bytes (a 1500-byte
   // Ethernet MTU) whatever the netdev: keep ofi packets within it.
   if (backend == Backend::ofi) c.active_mtu = std::min<uint32_t>(c.active_mtu, 1024);
+  // An AF_XDP frame (4096 bytes, less the kernel's 256 bytes of headroom)
+  // carries an IBA MTU of 2048 at most, whatever the netdev's MTU.
+  if (backend == Backend::xdp) c.active_mtu = std::min<uint32_t>(c.active_mtu, 2048);
   if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
   c.base_port = static_cast<uint16_t>(a.port);
   c.backend = *backend;
@@ -272,37 +275,27 @@ int link_del(const std::string &name) {
   return 0;
 }
 
-// `netdev IF [type ib|roce] [port P]`, iproute2 style.
-int parse_link_words(const std::vector<std::string> &words, LinkAddArgs &a) {
-  for (size_t i = 0; i < words.size(); i++) {
-    const std::string &k = words[i];
-    if (i + 1 >= words.size()) {
-      fprintf(stderr, "usrc: '%s' needs a value\n", k.c_str());
-      return 2;
-    }
-    const std::string &v = words[++i];
+// `netdev IF [type ib|roce] [port P] [backend B] [provider P]`, iproute2
+// style: "" when good, else what is wrong.
+std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &a) {
+  for (size_t i = 0; i < words.size(); i += 2) {
+    const std::string k(words[i]);
+    if (i + 1 >= words.size()) return "'" + k + "' needs a value";
+    const std::string v(words[i + 1]);
     if (k == "netdev") a.netdev = v;
     else if (k == "type") a.type = v;
     else if (k == "backend") a.backend = v;
     else if (k == "provider") a.provider = v;
     else if (k == "port") {
-      try {
-        a.port = std::stoi(v);
-      } catch (...) {
-        fprintf(stderr, "usrc: bad port '%s'\n", v.c_str());
-        return 2;
-      }
+      auto p = config::to_uint(v, 65535);
+      if (!p) return "bad port '" + v + "'";
+      a.port = static_cast<int>(*p);
     } else {
-      fprintf(stderr, "usrc: unknown keyword '%s' (expected netdev, type, port, backend, provider)\n",
-              k.c_str());
-      return 2;
+      return "unknown keyword '" + k + "' (expected netdev, type, port, backend, provider)";
     }
   }
-  if (a.netdev.empty()) {
-    fprintf(stderr, "usrc: link needs 'netdev IFNAME'\n");
-    return 2;
-  }
-  return 0;
+  if (a.netdev.empty()) return "link needs 'netdev IFNAME'";
+  return "";
 }
 
 namespace {
@@ -311,24 +304,23 @@ namespace {
 // bad line, so that a typo never half-applies a config.
 bool read_links_conf(const std::string &path, std::vector<LinkAddArgs> &out) {
   std::ifstream f(path);
+  std::stringstream text;
+  if (f) text << f.rdbuf();
   if (!f) {
     fprintf(stderr, "usrc: cannot read %s\n", path.c_str());
     return false;
   }
-  std::string line;
-  for (int lineno = 1; std::getline(f, line); lineno++) {
-    if (auto h = line.find('#'); h != std::string::npos) line.resize(h);
-    std::istringstream ws(line);
-    std::vector<std::string> words{std::istream_iterator<std::string>(ws), {}};
-    if (words.empty()) continue;
+  std::string why = config::each_line(text.str(), [&](const config::Line &l) {
     LinkAddArgs a;
-    a.name = words[0];
-    if (parse_link_words({words.begin() + 1, words.end()}, a) != 0) {
-      fprintf(stderr, "usrc: %s:%d: expected NAME netdev IF [type ib|roce] [port P] [backend B]\n",
-              path.c_str(), lineno);
-      return false;
-    }
-    out.push_back(a);
+    a.name = l.words[0];
+    std::string bad = link_words({l.words.begin() + 1, l.words.end()}, a);
+    if (bad.empty()) out.push_back(a);
+    return bad;
+  });
+  if (!why.empty()) {
+    fprintf(stderr, "usrc: %s: %s (expected NAME netdev IF [type ib|roce] [port P] [backend B])\n",
+            path.c_str(), why.c_str());
+    return false;
   }
   return true;
 }

@@ -79,7 +79,10 @@ int main(int argc, char **argv) {
   }
 
   if (*ladd) {
-    if (int rc = parse_link_words(words, add)) return rc;
+    if (std::string bad = link_words({words.begin(), words.end()}, add); !bad.empty()) {
+      fprintf(stderr, "usrc: %s\n", bad.c_str());
+      return 2;
+    }
     return link_add(add);
   }
   if (*ldel) return link_del(del_name);

@@ -1,11 +1,14 @@
 #include "usrc/device.h"
 
+#include "usrc/common/config_text.h"
+
 #include <arpa/inet.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <type_traits>
 
 namespace usrc {
 
@@ -58,44 +61,45 @@ std::string DeviceConfig::serialize() const {
 
 std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::string *err) {
   DeviceConfig c;
-  std::istringstream in(text);
-  std::string line;
+  auto line = [&c](const config::Line &l) -> std::string {
+    std::string_view k, v;
+    if (!config::key_value(l, &k, &v)) return "not key=value: " + std::string(l.text);
+    const std::string val(v);
+    auto number = [&](auto &field, uint64_t max, bool hex = false) -> std::string {
+      auto n = config::to_uint(v, max, hex);
+      if (!n) return "bad " + std::string(k) + ": '" + val + "' (a number, at most " + std::to_string(max) + ")";
+      field = static_cast<std::remove_reference_t<decltype(field)>>(*n);
+      return "";
+    };
+    if (k == "name") c.name = val;
+    else if (k == "netdev") c.netdev = val;
+    else if (k == "link_layer") {
+      if (v == "ib") c.link_layer = LinkLayer::ib;
+      else if (v == "roce") c.link_layer = LinkLayer::roce;
+      else return "bad link_layer: " + val;
+    } else if (k == "ipv4") {
+      in_addr a{};
+      if (inet_pton(AF_INET, val.c_str(), &a) != 1) return "bad ipv4: " + val;
+      c.ipv4 = ntohl(a.s_addr);
+    } else if (k == "prefix_len") return number(c.prefix_len, 32);
+    else if (k == "lid") return number(c.lid, UINT16_MAX);
+    else if (k == "active_mtu") return number(c.active_mtu, UINT32_MAX);
+    else if (k == "base_port") return number(c.base_port, UINT16_MAX);
+    else if (k == "node_guid") return number(c.node_guid, UINT64_MAX, true);
+    else if (k == "gid_tbl_len") return number(c.gid_tbl_len, UINT32_MAX);
+    else if (k == "backend") {
+      auto b = backend_of(val);
+      if (!b) return "bad backend: " + val;
+      c.backend = *b;
+    } else if (k == "provider") c.provider = val;
+    // Unknown keys are ignored so that newer tools can add keys.
+    return "";
+  };
   auto fail = [&](const std::string &why) -> std::optional<DeviceConfig> {
     if (err) *err = why;
     return std::nullopt;
   };
-  try {
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] == '#') continue;
-      auto eq = line.find('=');
-      if (eq == std::string::npos) return fail("line without '=': " + line);
-      std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-      if (k == "name") c.name = v;
-      else if (k == "netdev") c.netdev = v;
-      else if (k == "link_layer") {
-        if (v == "ib") c.link_layer = LinkLayer::ib;
-        else if (v == "roce") c.link_layer = LinkLayer::roce;
-        else return fail("bad link_layer: " + v);
-      } else if (k == "ipv4") {
-        in_addr a{};
-        if (inet_pton(AF_INET, v.c_str(), &a) != 1) return fail("bad ipv4: " + v);
-        c.ipv4 = ntohl(a.s_addr);
-      } else if (k == "prefix_len") c.prefix_len = std::stoul(v);
-      else if (k == "lid") c.lid = static_cast<uint16_t>(std::stoul(v));
-      else if (k == "active_mtu") c.active_mtu = std::stoul(v);
-      else if (k == "base_port") c.base_port = static_cast<uint16_t>(std::stoul(v));
-      else if (k == "node_guid") c.node_guid = std::stoull(v, nullptr, 0);
-      else if (k == "gid_tbl_len") c.gid_tbl_len = std::stoul(v);
-      else if (k == "backend") {
-        auto b = backend_of(v);
-        if (!b) return fail("bad backend: " + v);
-        c.backend = *b;
-      } else if (k == "provider") c.provider = v;
-      // Unknown keys are ignored so that newer tools can add keys.
-    }
-  } catch (const std::exception &e) {
-    return fail(std::string("bad number: ") + e.what());
-  }
+  if (std::string why = config::each_line(text, line); !why.empty()) return fail(why);
   if (c.name.empty() || c.ipv4 == 0) return fail("name and ipv4 are required");
   if (c.active_mtu != 256 && c.active_mtu != 512 && c.active_mtu != 1024 &&
       c.active_mtu != 2048 && c.active_mtu != 4096)
@@ -111,7 +115,9 @@ std::optional<DeviceConfig> DeviceConfig::load(const std::string &name, std::str
   }
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse(ss.str(), err);
+  auto c = parse(ss.str(), err);
+  if (!c && err) *err = ibdev_dir(name) + "/" + kConfigFile + ": " + *err;
+  return c;
 }
 
 }  // namespace usrc

@@ -1,102 +1,38 @@
 #include "usrc/net/xdp.h"
 
 #include "usrc/common/guard.h"
+#include "usrc/common/log.h"
+#include "usrc/net/neigh.h"
 
 #include <arpa/inet.h>
-#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
-#include <linux/if_link.h>
 #include <linux/if_xdp.h>
 #include <net/if.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <xdp/libxdp.h>
+#include <xdp/xsk.h>
 
-#include <array>
-#include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
-#ifndef SOL_XDP
-#define SOL_XDP 283
-#endif
+// The XDP program (xdp_steer.bpf.c), compiled at build time: usrc_xdp_steer[].
+#include "xdp_steer.bpf.h"
 
 namespace usrc::net {
 
 namespace {
 
-constexpr uint32_t kFrame = 4096, kFrames = 4096, kRing = 2048;   // half RX, half TX
+constexpr uint32_t kFrame = XSK_UMEM__DEFAULT_FRAME_SIZE, kFrames = 4096, kRing = 2048;   // half RX, half TX
 constexpr size_t kHdr = 14 + 20 + 8;                                // Ethernet, IPv4, UDP
-
-// One ring of the AF_XDP socket, mapped from the kernel.
-struct Ring {
-  uint32_t *producer, *consumer, mask;
-  void *desc;
-  void *map = MAP_FAILED;
-  size_t map_len = 0;
-  uint32_t load(uint32_t *p) { return std::atomic_ref<uint32_t>(*p).load(std::memory_order_acquire); }
-  void store(uint32_t *p, uint32_t v) { std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_release); }
-  uint64_t &addr(uint32_t i) { return static_cast<uint64_t *>(desc)[i & mask]; }
-  xdp_desc &xd(uint32_t i) { return static_cast<xdp_desc *>(desc)[i & mask]; }
-};
-
-// The XDP program, assembled by hand (no BPF compiler needed): IPv4/UDP
-// frames for our port, unfragmented and without IP options, go to the XSK
-// of their receive queue; everything else, and every queue without an XSK,
-// passes to the kernel.
-std::vector<bpf_insn> steer_program(int map_fd, uint16_t port) {
-  auto I = [](uint8_t code, uint8_t dst, uint8_t src, int16_t off, int32_t imm) {
-    bpf_insn i{};
-    i.code = code;
-    i.dst_reg = dst;
-    i.src_reg = src;
-    i.off = off;
-    i.imm = imm;
-    return i;
-  };
-  // Loads see the bytes in memory order on a little-endian CPU.
-  int32_t ipv4 = 0x0008, dport = ((port & 0xff) << 8) | (port >> 8);
-  std::vector<bpf_insn> p = {
-      I(BPF_ALU64 | BPF_MOV | BPF_X, 6, 1, 0, 0),                 // r6 = ctx
-      I(BPF_LDX | BPF_MEM | BPF_W, 2, 1, 0, 0),                   // r2 = data
-      I(BPF_LDX | BPF_MEM | BPF_W, 3, 1, 4, 0),                   // r3 = data_end
-      I(BPF_ALU64 | BPF_MOV | BPF_X, 4, 2, 0, 0),
-      I(BPF_ALU64 | BPF_ADD | BPF_K, 4, 0, 0, kHdr),
-      I(BPF_JMP | BPF_JGT | BPF_X, 4, 3, 13, 0),                  // too short: pass
-      I(BPF_LDX | BPF_MEM | BPF_H, 5, 2, 12, 0),
-      I(BPF_JMP | BPF_JNE | BPF_K, 5, 0, 11, ipv4),               // not IPv4
-      I(BPF_LDX | BPF_MEM | BPF_B, 5, 2, 14, 0),
-      I(BPF_JMP | BPF_JNE | BPF_K, 5, 0, 9, 0x45),                // IP options
-      I(BPF_LDX | BPF_MEM | BPF_B, 5, 2, 23, 0),
-      I(BPF_JMP | BPF_JNE | BPF_K, 5, 0, 7, IPPROTO_UDP),
-      I(BPF_LDX | BPF_MEM | BPF_H, 5, 2, 20, 0),
-      I(BPF_ALU64 | BPF_AND | BPF_K, 5, 0, 0, 0xff3f),            // MF or fragment offset
-      I(BPF_JMP | BPF_JNE | BPF_K, 5, 0, 4, 0),
-      I(BPF_LDX | BPF_MEM | BPF_H, 5, 2, 36, 0),
-      I(BPF_JMP | BPF_JNE | BPF_K, 5, 0, 2, dport),
-      I(BPF_LD | BPF_DW | BPF_IMM, 1, BPF_PSEUDO_MAP_FD, 0, map_fd),
-      I(0, 0, 0, 0, 0),
-      // (the jumps above land on "pass" below, counting the two-slot load)
-  };
-  // Fix the jump targets: every "goto pass" lands after the redirect block.
-  p.push_back(I(BPF_LDX | BPF_MEM | BPF_W, 2, 6, 16, 0));       // r2 = rx_queue_index
-  p.push_back(I(BPF_ALU64 | BPF_MOV | BPF_K, 3, 0, 0, XDP_PASS)); // fallback action
-  p.push_back(I(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_redirect_map));
-  p.push_back(I(BPF_JMP | BPF_EXIT, 0, 0, 0, 0));
-  size_t pass = p.size();
-  p.push_back(I(BPF_ALU64 | BPF_MOV | BPF_K, 0, 0, 0, XDP_PASS));
-  p.push_back(I(BPF_JMP | BPF_EXIT, 0, 0, 0, 0));
-  for (size_t i = 0; i < 17; i++)
-    if (BPF_CLASS(p[i].code) == BPF_JMP && BPF_OP(p[i].code) != BPF_CALL)
-      p[i].off = static_cast<int16_t>(pass - i - 1);
-  return p;
-}
+static_assert(kXdpMaxPayload == kFrame - XDP_PACKET_HEADROOM - kHdr);
 
 uint16_t csum16(const uint8_t *p, size_t n) {
   uint32_t s = 0;
@@ -113,37 +49,108 @@ bool parse_mac(const std::string &s, uint8_t mac[6]) {
   return true;
 }
 
+// libbpf's and libxdp's messages go to our log (warnings at debug level:
+// a mode that does not work here is tried and left quietly).
+int library_message(const char *fmt, va_list ap) {
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  size_t n = strlen(line);
+  while (n && line[n - 1] == '\n') line[--n] = 0;
+  log().debug("{}", line);   // (each message names its library)
+  return 0;
+}
+void route_library_messages() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    libbpf_set_print([](libbpf_print_level, const char *f, va_list ap) { return library_message(f, ap); });
+    libxdp_set_print([](libxdp_print_level, const char *f, va_list ap) { return library_message(f, ap); });
+  });
+}
+
+// Our program, opened from the bytes built into the provider, for one
+// port; attached through libxdp (its dispatcher where bpffs allows, so
+// other XDP programs may share the netdev; else alone).
+class Program {
+ public:
+  ~Program() {
+    if (attached_) xdp_program__detach(prog_, ifindex_, mode_, 0);
+    xdp_program__close(prog_);   // (the object is ours: closed after)
+    bpf_object__close(obj_);
+  }
+  bool open(uint16_t port, std::string *why) {
+    LIBBPF_OPTS(bpf_object_open_opts, oo, .object_name = "usrc_xdp");
+    obj_ = bpf_object__open_mem(usrc_xdp_steer, sizeof usrc_xdp_steer, &oo);
+    if (!obj_) return *why = "open the XDP program", false;
+    // The port, before loading: the program's only read-only variable.
+    bpf_map *rodata = bpf_object__find_map_by_name(obj_, ".rodata");
+    size_t size = 0;
+    const uint16_t be = htons(port);
+    if (!rodata || !bpf_map__initial_value(rodata, &size) || size != sizeof be ||
+        bpf_map__set_initial_value(rodata, &be, sizeof be))
+      return *why = "the XDP program's port variable", false;
+    prog_ = xdp_program__from_bpf_obj(obj_, nullptr);
+    if (libxdp_get_error(prog_)) {   // (an error pointer, not null)
+      prog_ = nullptr;
+      return *why = "the XDP program in its object", false;
+    }
+    // (Its section says so, but libbpf applies that at load, after libxdp
+    // has built its dispatcher: tell libxdp now.)
+    xdp_program__set_xdp_frags_support(prog_, true);
+    return true;
+  }
+  // 0, or the error (negative errno).
+  int attach(unsigned ifindex, xdp_attach_mode mode) {
+    if (int e = xdp_program__attach(prog_, int(ifindex), mode, 0)) return e;
+    attached_ = true;
+    ifindex_ = int(ifindex);
+    mode_ = mode;
+    return 0;
+  }
+  // The XSKMAP, once attached (loaded).
+  int xsks_fd() const {
+    bpf_map *m = bpf_object__find_map_by_name(obj_, "usrc_xsks");
+    return m ? bpf_map__fd(m) : -1;
+  }
+
+ private:
+  bpf_object *obj_ = nullptr;
+  xdp_program *prog_ = nullptr;
+  bool attached_ = false;
+  int ifindex_ = 0;
+  xdp_attach_mode mode_ = XDP_MODE_UNSPEC;
+};
+
 class XdpNic final : public Nic {
  public:
   ~XdpNic() override {
-    if (attached_) bpf_xdp_detach(ifindex_, xdp_flags_, nullptr);
-    for (Ring *r : {&fill_, &comp_, &rx_, &tx_})
-      if (r->map != MAP_FAILED) munmap(r->map, r->map_len);
-    for (int fd : {xsk_, prog_, map_, sock_})
-      if (fd >= 0) ::close(fd);
-    if (umem_ != MAP_FAILED) munmap(umem_, size_t(kFrame) * kFrames);
+    // The program first: no packet must be steered to a closing socket.
+    prog_.reset();
+    if (xsk_) xsk_socket__delete(xsk_);
+    if (umem_) xsk_umem__delete(umem_);
+    if (sock_ >= 0) ::close(sock_);
+    if (area_ != MAP_FAILED) munmap(area_, size_t(kFrame) * kFrames);
   }
   Endpoint local() const override { return local_; }
-  int wait_fd() const override { return xsk_; }
+  int wait_fd() const override { return xsk_ ? xsk_socket__fd(xsk_) : -1; }
 
   void add_peer(Endpoint e) override {
     uint8_t mac[6];
-    if (!neighbour(e.ip, mac)) probe(e.ip);
+    if (!neigh_.find(e.ip, mac)) probe(e.ip);
   }
 
   size_t send(std::span<const TxPacket> pkts) override {
     reclaim_tx();
-    uint32_t prod = *tx_.producer, sent = 0;
-    uint32_t room = kRing - (prod - tx_.load(tx_.consumer));
+    const uint32_t room = xsk_prod_nb_free(&tx_, uint32_t(std::min<size_t>(pkts.size(), kRing)));
+    uint32_t built = 0;
     for (const TxPacket &p : pkts) {
-      if (free_tx_.empty() || sent == room) break;
+      if (free_tx_.empty() || built == room) break;
       uint8_t mac[6];
-      if (!neighbour(p.dst.ip, mac)) {
+      if (!neigh_.find(p.dst.ip, mac)) {
         probe(p.dst.ip);   // dropped: the transport retransmits once resolved
         continue;
       }
       uint64_t addr = free_tx_.back();
-      uint8_t *f = umem(addr);
+      uint8_t *f = frame(addr);
       size_t len = 0;
       bool faulted = false;
       for (size_t i = 0; i < p.iovcnt && !faulted; i++) {
@@ -154,33 +161,35 @@ class XdpNic final : public Nic {
       if (faulted) continue;   // (an unmapped payload: as ofi.cpp says)
       build_headers(f, mac, p, len);
       free_tx_.pop_back();
-      tx_.xd(prod + sent) = {addr, static_cast<uint32_t>(kHdr + len), 0};
-      sent++;
+      out_[built++] = {addr, static_cast<uint32_t>(kHdr + len), 0};
     }
-    if (sent) {
-      tx_.store(tx_.producer, prod + sent);
+    if (built) {
+      uint32_t idx;
+      xsk_ring_prod__reserve(&tx_, built, &idx);   // (room was checked)
+      for (uint32_t i = 0; i < built; i++) *xsk_ring_prod__tx_desc(&tx_, idx + i) = out_[i];
+      xsk_ring_prod__submit(&tx_, built);
       // Copy and generic modes transmit only when told to.
-      sendto(xsk_, nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+      sendto(xsk_socket__fd(xsk_), nullptr, 0, MSG_DONTWAIT, nullptr, 0);
     }
-    return sent;
+    return built;
   }
 
   size_t recv(std::span<RxPacket> out) override {
     // Frames handed out last time are consumed: release them, refill.
     if (held_) {
-      rx_.store(rx_.consumer, *rx_.consumer + held_);
+      xsk_ring_cons__release(&rx_, held_);
       refill();
       held_ = 0;
     }
-    uint32_t cons = *rx_.consumer, avail = rx_.load(rx_.producer) - cons, n = 0;
-    uint32_t take = std::min<uint32_t>(avail, out.size());
+    uint32_t idx = 0, n = 0;
+    const uint32_t take = xsk_ring_cons__peek(&rx_, uint32_t(std::min<size_t>(out.size(), kRing)), &idx);
     for (uint32_t i = 0; i < take; i++) {
-      const xdp_desc &d = rx_.xd(cons + i);
-      rx_frames_.push_back(d.addr & ~uint64_t(kFrame - 1));
-      const uint8_t *f = umem(d.addr);
-      if (d.len < kHdr) continue;
+      const xdp_desc *d = xsk_ring_cons__rx_desc(&rx_, idx + i);
+      rx_frames_.push_back(d->addr & ~uint64_t(kFrame - 1));
+      const uint8_t *f = frame(d->addr);
+      if (d->len < kHdr) continue;
       uint16_t tot = (f[16] << 8) | f[17];
-      if (tot < 28 || 14u + tot > d.len) continue;
+      if (tot < 28 || 14u + tot > d->len) continue;
       out[n].src = {uint32_t(f[26]) << 24 | f[27] << 16 | f[28] << 8 | f[29],
                     static_cast<uint16_t>(f[34] << 8 | f[35])};
       out[n].data = f + kHdr;
@@ -194,13 +203,15 @@ class XdpNic final : public Nic {
 
   int init(Endpoint local, const std::string &netdev, std::string *err, int *errno_out) {
     local_ = local;
-    auto fail = [&](const std::string &what) {
-      *errno_out = errno;
-      *err = what + ": " + strerror(errno);
+    auto fail = [&](const std::string &what, int e = errno) {
+      *errno_out = e;
+      *err = what + ": " + strerror(e);
       return -1;
     };
+    route_library_messages();
     ifindex_ = if_nametoindex(netdev.c_str());
     if (!ifindex_) return fail("netdev " + netdev);
+    if (!neigh_.open(ifindex_)) return fail("rtnetlink (neighbours of " + netdev + ")");
     std::ifstream a("/sys/class/net/" + netdev + "/address");
     std::string mac;
     if (!(a >> mac) || !parse_mac(mac, src_mac_)) return fail("MAC of " + netdev);
@@ -214,99 +225,87 @@ class XdpNic final : public Nic {
     if (sock_ < 0 || bind(sock_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
       return fail("bind");
 
-    umem_ = mmap(nullptr, size_t(kFrame) * kFrames, PROT_READ | PROT_WRITE,
+    // The UMEM: half its frames for receiving (the fill ring), half for sending.
+    area_ = mmap(nullptr, size_t(kFrame) * kFrames, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (umem_ == MAP_FAILED) return fail("mmap umem");
-    xsk_ = socket(AF_XDP, SOCK_RAW | SOCK_CLOEXEC, 0);
-    if (xsk_ < 0) return fail("AF_XDP socket");
-    xdp_umem_reg reg{};
-    reg.addr = reinterpret_cast<uint64_t>(umem_);
-    reg.len = uint64_t(kFrame) * kFrames;
-    reg.chunk_size = kFrame;
-    if (setsockopt(xsk_, SOL_XDP, XDP_UMEM_REG, &reg, sizeof reg)) return fail("XDP_UMEM_REG");
-    int n = kRing;
-    for (int opt : {XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING})
-      if (setsockopt(xsk_, SOL_XDP, opt, &n, sizeof n)) return fail("XDP ring size");
-    xdp_mmap_offsets off{};
-    socklen_t ol = sizeof off;
-    if (getsockopt(xsk_, SOL_XDP, XDP_MMAP_OFFSETS, &off, &ol)) return fail("XDP_MMAP_OFFSETS");
-    if (!map_ring(fill_, off.fr, XDP_UMEM_PGOFF_FILL_RING, sizeof(uint64_t)) ||
-        !map_ring(comp_, off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, sizeof(uint64_t)) ||
-        !map_ring(rx_, off.rx, XDP_PGOFF_RX_RING, sizeof(xdp_desc)) ||
-        !map_ring(tx_, off.tx, XDP_PGOFF_TX_RING, sizeof(xdp_desc)))
-      return fail("mmap XDP ring");
+    if (area_ == MAP_FAILED) return fail("mmap umem");
+    xsk_umem_config uc{};
+    uc.fill_size = uc.comp_size = kRing;
+    uc.frame_size = kFrame;
+    uc.frame_headroom = 0;
+    if (int e = xsk_umem__create(&umem_, area_, uint64_t(kFrame) * kFrames, &fill_, &comp_, &uc))
+      return fail("AF_XDP umem", -e);
     for (uint32_t i = 0; i < kFrames / 2; i++) rx_frames_.push_back(uint64_t(i) * kFrame);
     for (uint32_t i = kFrames / 2; i < kFrames; i++) free_tx_.push_back(uint64_t(i) * kFrame);
-    refill();
+    out_.resize(kRing);
 
-    // The program first (bind needs no program, but packets must not reach
-    // the XSK before it exists: the map is filled after bind).
-    map_ = bpf_map_create(BPF_MAP_TYPE_XSKMAP, "usrc_xsks", 4, 4, 64, nullptr);
-    if (map_ < 0) return fail("XSKMAP");
-    auto insns = steer_program(map_, local.port);
-    char log[4096] = "";
-    LIBBPF_OPTS(bpf_prog_load_opts, po, .log_size = sizeof log, .log_buf = log);
-    prog_ = bpf_prog_load(BPF_PROG_TYPE_XDP, "usrc_xdp", "GPL", insns.data(), insns.size(), &po);
-    if (prog_ < 0) return fail(std::string("XDP program load (") + log + ")");
     // Native XDP where the driver has it, else generic (SKB) mode: veth has
     // native XDP, but zero-copy only on real NICs; copy mode everywhere else.
-    struct { uint32_t xdp, bind; } modes[] = {{XDP_FLAGS_DRV_MODE, XDP_ZEROCOPY},
-                                             {XDP_FLAGS_DRV_MODE, XDP_COPY},
-                                             {XDP_FLAGS_SKB_MODE, XDP_COPY}};
+    // The program is ours (it steers only our port), so the socket must
+    // not load libxdp's default one.
+    struct { xdp_attach_mode xdp; uint16_t bind; } modes[] = {{XDP_MODE_NATIVE, XDP_ZEROCOPY},
+                                                             {XDP_MODE_NATIVE, XDP_COPY},
+                                                             {XDP_MODE_SKB, XDP_COPY}};
     const char *force = getenv("USRC_XDP_MODE");   // "skb" forces generic mode
-    bool bound = false;
+    std::string why = "no XDP mode";
+    int last = EOPNOTSUPP;
+    xdp_attach_mode refused = XDP_MODE_UNSPEC;
     for (auto m : modes) {
-      if (force && !strcmp(force, "skb") && m.xdp != XDP_FLAGS_SKB_MODE) continue;
-      if (bpf_xdp_attach(ifindex_, prog_, m.xdp | XDP_FLAGS_UPDATE_IF_NOEXIST, nullptr)) continue;
-      attached_ = true;
-      xdp_flags_ = m.xdp;
-      sockaddr_xdp sx{};
-      sx.sxdp_family = AF_XDP;
-      sx.sxdp_ifindex = ifindex_;
-      sx.sxdp_queue_id = 0;
-      sx.sxdp_flags = static_cast<uint16_t>(m.bind);
-      if (bind(xsk_, reinterpret_cast<sockaddr *>(&sx), sizeof sx) == 0) {
-        bound = true;
-        break;
+      if (force && !strcmp(force, "skb") && m.xdp != XDP_MODE_SKB) continue;
+      if (m.xdp == refused) continue;
+      if (!prog_ || prog_mode_ != m.xdp) {
+        prog_.reset();   // (each mode gets the program opened anew)
+        auto p = std::make_unique<Program>();
+        if (!p->open(local.port, &why)) return fail(why, EINVAL);
+        if (int e = p->attach(ifindex_, m.xdp)) {
+          last = -e;
+          refused = m.xdp;
+          why = "attach the XDP program to " + netdev;
+          continue;
+        }
+        prog_ = std::move(p);
+        prog_mode_ = m.xdp;
       }
-      bpf_xdp_detach(ifindex_, m.xdp, nullptr);
-      attached_ = false;
+      xsk_socket_config sc{};
+      sc.rx_size = sc.tx_size = kRing;
+      sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
+      sc.bind_flags = m.bind;
+      if (int e = xsk_socket__create(&xsk_, netdev.c_str(), 0, umem_, &rx_, &tx_, &sc)) {
+        last = -e;
+        why = "bind an XSK to " + netdev + " queue 0";
+        xsk_ = nullptr;
+        continue;
+      }
+      break;
     }
-    if (!bound) return fail("attach XDP program / bind XSK to " + netdev + " queue 0 (another XDP program there?)");
-    int key = 0;
-    if (bpf_map_update_elem(map_, &key, &xsk_, 0)) return fail("XSKMAP update");
+    if (!xsk_) {
+      prog_.reset();
+      return fail(why + " (another XDP program or XSK there?)", last);
+    }
+    refill();
+    if (int e = xsk_socket__update_xskmap(xsk_, prog_->xsks_fd())) return fail("XSKMAP update", -e);
     return 0;
   }
 
  private:
-  uint8_t *umem(uint64_t addr) { return static_cast<uint8_t *>(umem_) + addr; }
-
-  bool map_ring(Ring &r, const xdp_ring_offset &o, off_t pgoff, size_t esz) {
-    r.map_len = o.desc + kRing * esz;
-    r.map = mmap(nullptr, r.map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, xsk_, pgoff);
-    if (r.map == MAP_FAILED) return false;
-    auto *b = static_cast<uint8_t *>(r.map);
-    r.producer = reinterpret_cast<uint32_t *>(b + o.producer);
-    r.consumer = reinterpret_cast<uint32_t *>(b + o.consumer);
-    r.desc = b + o.desc;
-    r.mask = kRing - 1;
-    return true;
-  }
+  uint8_t *frame(uint64_t addr) { return static_cast<uint8_t *>(xsk_umem__get_data(area_, addr)); }
 
   void refill() {
-    uint32_t prod = *fill_.producer;
-    uint32_t room = kRing - (prod - fill_.load(fill_.consumer)), k = 0;
-    while (k < room && !rx_frames_.empty()) {
-      fill_.addr(prod + k++) = rx_frames_.back();
+    uint32_t idx;
+    const uint32_t k = xsk_ring_prod__reserve(
+        &fill_, uint32_t(std::min<size_t>(rx_frames_.size(), xsk_prod_nb_free(&fill_, kRing))), &idx);
+    for (uint32_t i = 0; i < k; i++) {
+      *xsk_ring_prod__fill_addr(&fill_, idx + i) = rx_frames_.back();
       rx_frames_.pop_back();
     }
-    if (k) fill_.store(fill_.producer, prod + k);
+    if (k) xsk_ring_prod__submit(&fill_, k);
   }
 
   void reclaim_tx() {
-    uint32_t cons = *comp_.consumer, n = comp_.load(comp_.producer) - cons;
-    for (uint32_t i = 0; i < n; i++) free_tx_.push_back(comp_.addr(cons + i));
-    if (n) comp_.store(comp_.consumer, cons + n);
+    uint32_t idx;
+    const uint32_t n = xsk_ring_cons__peek(&comp_, kRing, &idx);
+    for (uint32_t i = 0; i < n; i++) free_tx_.push_back(*xsk_ring_cons__comp_addr(&comp_, idx + i));
+    if (n) xsk_ring_cons__release(&comp_, n);
   }
 
   void build_headers(uint8_t *f, const uint8_t dst_mac[6], const TxPacket &p, size_t len) {
@@ -335,32 +334,6 @@ class XdpNic final : public Nic {
     memcpy(u, uh, 8);
   }
 
-  // The peer's MAC from the kernel's neighbour table (/proc/net/arp),
-  // cached once complete.
-  bool neighbour(uint32_t ip, uint8_t mac[6]) {
-    auto it = macs_.find(ip);
-    if (it != macs_.end()) {
-      memcpy(mac, it->second.data(), 6);
-      return true;
-    }
-    std::ifstream arp("/proc/net/arp");
-    std::string line;
-    std::getline(arp, line);
-    while (std::getline(arp, line)) {
-      std::istringstream ls(line);
-      std::string addr, hw, flags, m;
-      ls >> addr >> hw >> flags >> m;
-      in_addr a{};
-      if (inet_pton(AF_INET, addr.c_str(), &a) != 1 || ntohl(a.s_addr) != ip) continue;
-      if (std::stoul(flags, nullptr, 16) & 0x2 /* ATF_COM */ && parse_mac(m, mac)) {
-        std::array<uint8_t, 6> v;
-        memcpy(v.data(), mac, 6);
-        macs_[ip] = v;
-        return true;
-      }
-    }
-    return false;
-  }
   // One datagram through the kernel makes it resolve the neighbour (to the
   // discard port, not to usrc's: the peer's XDP program would take it).
   void probe(uint32_t ip) {
@@ -377,13 +350,18 @@ class XdpNic final : public Nic {
   Endpoint local_;
   unsigned ifindex_ = 0;
   uint8_t src_mac_[6] = {};
-  int sock_ = -1, xsk_ = -1, map_ = -1, prog_ = -1;
-  bool attached_ = false;
-  uint32_t xdp_flags_ = 0, held_ = 0;
-  void *umem_ = MAP_FAILED;
-  Ring fill_, comp_, rx_, tx_;
+  int sock_ = -1;
+  uint32_t held_ = 0;
+  void *area_ = MAP_FAILED;
+  xsk_umem *umem_ = nullptr;
+  xsk_socket *xsk_ = nullptr;
+  xsk_ring_prod fill_{}, tx_{};
+  xsk_ring_cons comp_{}, rx_{};
+  std::unique_ptr<Program> prog_;
+  xdp_attach_mode prog_mode_ = XDP_MODE_UNSPEC;
   std::vector<uint64_t> rx_frames_, free_tx_;
-  std::unordered_map<uint32_t, std::array<uint8_t, 6>> macs_;
+  std::vector<xdp_desc> out_;   // the descriptors of a send, before they enter the ring
+  Neighbours neigh_;
   std::unordered_map<uint32_t, uint64_t> probed_;
 };
 

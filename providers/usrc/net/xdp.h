@@ -1,15 +1,23 @@
-// AF_XDP: one XSK on queue 0 of the device's netdev, fed by an XDP program
-// that steers UDP packets for usrc's ports to it and passes everything else
-// to the kernel. Ethernet/IPv4/UDP frames are built and parsed here, with
+// AF_XDP through libxdp: one XSK on queue 0 of the device's netdev, fed by
+// an XDP program (xdp_steer.bpf.c) that steers UDP packets for the
+// process's port to it and passes everything else on (to other programs
+// of libxdp's dispatcher, and to the kernel). Ethernet/IPv4/UDP frames are built and parsed here, with
 // DF set and IP ID 0 like the udp backend (the RoCEv2 ICRC covers both).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
 #include "usrc/net/nic.h"
 
 namespace usrc::net {
+
+// The largest UDP payload: one UMEM frame (4096 bytes) less the headroom
+// the kernel keeps in front of a received frame (XDP_PACKET_HEADROOM) and
+// the Ethernet/IPv4/UDP headers. The largest IBA MTU it carries is 2048
+// (`usrc link add ... backend xdp` sets no more).
+constexpr size_t kXdpMaxPayload = 4096 - 256 - 42;
 
 std::unique_ptr<Nic> open_xdp_nic(Endpoint local, const std::string &netdev, uint32_t rx_batch,
                                   int *errno_out, std::string *err);

@@ -173,7 +173,7 @@ void Context::progress_loop() {
     sp.sched_priority = 1;
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
   }
-  engine_->nic().owner_thread(true);
+  engine_->local_peers().owner_thread(true);
   const int nic_fd = engine_->nic().wait_fd();
   pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
                    {nl_fd_, POLLIN, 0}};
@@ -235,7 +235,7 @@ void Context::progress_loop() {
     }
     if (r > 0 && (fds[2].revents & POLLIN)) netdev_events();
   }
-  engine_->nic().owner_thread(false);
+  engine_->local_peers().owner_thread(false);
 }
 
 void Context::kick() {

@@ -427,7 +427,7 @@ std::unique_ptr<Nic> ShmNic::wrap(std::unique_ptr<Nic> &inner, std::string *err)
 }
 
 ShmNic::ShmNic(std::unique_ptr<Nic> inner, ShmRing *own, int fd, int listen_fd)
-    : inner_(std::move(inner)), own_(own), own_fd_(fd), listen_fd_(listen_fd), netns_(net_namespace()),
+    : NicDecorator(std::move(inner)), own_(own), own_fd_(fd), listen_fd_(listen_fd), netns_(net_namespace()),
       pid_(getpid()) {
   track_owned(listen_fd_);
   udp_tx_.reserve(64);

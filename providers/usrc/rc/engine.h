@@ -131,6 +131,9 @@ class Engine {
   // while another thread may hold it.
   uint64_t next_deadline() const { return next_deadline_.load(std::memory_order_relaxed); }
   net::Nic &nic() { return *nic_; }
+  // The NIC's same-host short cuts (net::LocalPeers), or one that has none
+  // (whose calls answer "not here").
+  net::LocalPeers &local_peers() { return *lp_; }
   uint64_t now() const { return clock_(); }
 
   // The protocol counters (Counter), counted under mu: in the engine, or
@@ -251,6 +254,8 @@ class Engine {
   bool in_pass_ = false;
 
   std::unique_ptr<net::Nic> nic_;
+  net::LocalPeers no_local_peers_;
+  net::LocalPeers *const lp_;   // nic_->local_peers(), else &no_local_peers_
   uint32_t slot_;
   uint16_t base_port_;
   Clock clock_;
@@ -274,9 +279,9 @@ class Engine {
   // GSO) by extending the iovecs of the one before.
   static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
   // Packets a post_send sends at once to a peer where that is cheap
-  // (net::Nic::cheap_send): about a shared-memory ring slot of 64 B sends.
+  // (net::LocalPeers::cheap_send): about a shared-memory ring slot of 64 B sends.
   static constexpr size_t kTxEager = 16;
-  // How soon a pass looks again at packets the NIC holds (Nic::tx_pending).
+  // How soon a pass looks again at packets the NIC holds (LocalPeers::tx_pending).
   static constexpr uint64_t kTxRetryNs = 50'000;
   size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec

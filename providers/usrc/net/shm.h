@@ -8,7 +8,7 @@
 // transport and place data into its memory, so it grants no more than
 // ptrace would (same user or CAP_SYS_PTRACE, a dumpable owner, Yama). The
 // owner also hands over its UDP socket, which shows the writer that it
-// talks to the endpoint's holder. See "The handshake" in shm.cpp. A
+// talks to the endpoint's holder. See "The handshake" in shm_registry.cpp. A
 // datagram to a peer whose ring we hold goes into that ring (no system
 // call, one copy); everything else, every peer that refused us or has no
 // ring, and every peer until the handshake is done, takes the inner NIC.
@@ -28,6 +28,10 @@
 // sleeping it raises the ring's `sleeping` flag and looks once more; a
 // producer that sees the flag after publishing sends a small doorbell
 // datagram over UDP, which wakes it and is then discarded.
+//
+// The code: shm_ring.cpp (the ring and its consumer), shm_registry.cpp
+// (making, naming and handing over rings; the handshake), shm_place.cpp
+// (direct placement); shm_layout.h, what they share.
 #pragma once
 
 #include <atomic>

@@ -143,10 +143,9 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   // thread may be asleep on the socket with no timeout: send at once.
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
-  if (direct) engine_->direct = *direct;
-  engine_->progress(looping, now);
-  const uint32_t n = engine_->direct.n;
-  engine_->direct = {};
+  rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
+  engine_->progress(looping, now, direct ? &wc : nullptr);
+  const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();
   engine_->mu.unlock();

@@ -309,8 +309,17 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-size_t Engine::progress(bool app, uint64_t now) {
+size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   Pass pass(*this, now ? now : clock_());
+  struct Direct {   // the poller's array, for this pass only
+    Engine &e;
+    DirectWc *to;
+    ~Direct() {
+      if (to) to->n = e.direct.n;
+      e.direct = {};
+    }
+  } scope{*this, to};
+  if (to) direct = *to;
   if (placed_since_pass.load(std::memory_order_relaxed))
     placed_since_pass.store(false, std::memory_order_relaxed);
   const auto &t = tun_;

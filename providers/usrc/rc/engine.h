@@ -111,21 +111,22 @@ class Engine {
   // to send is ACKs, they wait (once) for the next transmit, so that a
   // reply posted at once leaves with them in one system call.
   // now: the caller's clock reading, if it has one (0: read it here).
+  // direct: a poller's array this pass may write receive completions
+  // into (DirectWc); its n is set to how many it wrote.
   // Returns how many packets it received.
-  size_t progress(bool app = false, uint64_t now = 0);
+  struct DirectWc;
+  size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
   // A poller's array that progress() may write the receive completions of
   // one CQ into, straight, instead of that CQ's ring (a poll that found
   // the ring empty: the completion is then written once, not pushed,
   // taken and converted). Used only while that CQ is idle() (nothing older
   // in its ring, no arm): the poller returns these first, then what the
-  // ring took after them. Set by the caller around one pass; n counts what
-  // was written.
+  // ring took after them. n counts what was written.
   struct DirectWc {
     const Cq *cq = nullptr;
     Wc *wc = nullptr;
     uint32_t room = 0, n = 0;
   };
-  DirectWc direct;
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX. The
   // one read that needs no lock: kick() makes it after releasing the lock,
   // while another thread may hold it.
@@ -251,6 +252,7 @@ class Engine {
     }
   };
   mutable uint64_t pass_time_ = 0;   // 0: not in a pass, or not read yet
+  DirectWc direct;   // progress()'s direct, for this pass (empty outside one)
   bool in_pass_ = false;
 
   std::unique_ptr<net::Nic> nic_;

@@ -24,6 +24,7 @@
 
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
+#include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
 #include "usrc/rc/engine.h"
 
@@ -775,6 +776,70 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
 // it (here the owner is not dumpable and the writer lacks CAP_SYS_PTRACE),
 // which then reaches it through the socket, and not to one that cannot
 // answer the challenge.
+// The tracer over the ring (usrc trace): the ring's short cuts are all
+// there, as untraced, and the datagrams built in place are in the trace.
+TEST_CASE("shm under the tracer: building in place and direct placement go on, and the trace holds what was built in place", "[nic][trace]") {
+  constexpr uint16_t kBase = 26320;
+  char dir[] = "/tmp/usrc-shmtrace.XXXXXX";
+  REQUIRE(mkdtemp(dir));
+  const std::string path = std::string(dir) + "/a.pcap";
+  std::unique_ptr<net::Nic> inner = shm_nic({0x7f000001, kBase});
+  std::string err;
+  std::unique_ptr<net::Nic> a = net::TraceNic::wrap(inner, path, &err);
+  INFO(err);
+  REQUIRE(a);
+  auto b = shm_nic({0x7f000001, uint16_t(kBase + 1)});
+  const net::Endpoint to = b->local();
+  a->add_peer(to);
+  net::LocalPeers *lp = a->local_peers();
+  REQUIRE(lp);
+  CHECK(lp->cheap_send(to));
+  // Two datagrams of 10 and 6 bytes, built in b's ring.
+  size_t room = 0;
+  uint8_t *buf = lp->tx_begin(to, 0, &room);
+  REQUIRE(buf);
+  REQUIRE(room >= 16);
+  for (int i = 0; i < 16; i++) buf[i] = uint8_t(0xa0 + i);
+  lp->tx_end(16, 10);
+  std::vector<net::Endpoint> src;
+  auto got = take(*b, 2, &src);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].size() == 10);
+  CHECK(got[1].size() == 6);
+  CHECK((got[0].front() == 0xa0 && got[1].back() == 0xaf));
+  CHECK(src[0] == a->local());
+  // Placed through the tracer into b's memory.
+  std::vector<uint8_t> mem(64, 0);
+  REQUIRE(b->local_peers()->expose(0x300, {3, mem.data(), 0x1000, mem.size()}));
+  REQUIRE(b->local_peers()->set_gate(21, {3, 22, a->local()}));
+  const char msg[] = "placed";
+  iovec iov{const_cast<char *>(msg), 6};
+  CHECK(lp->place(to, 21, 22, 0x300, 0x1000 + 8, &iov, 1, 6));
+  CHECK(std::memcmp(mem.data() + 8, msg, 6) == 0);
+  // The trace: the two datagrams, as IPv4/UDP from a to b.
+  a.reset();   // (closes the file)
+  FILE *f = fopen(path.c_str(), "rb");
+  REQUIRE(f);
+  std::vector<uint8_t> file(4096);
+  file.resize(fread(file.data(), 1, file.size(), f));
+  fclose(f);
+  std::filesystem::remove_all(dir);
+  size_t at = 24;   // the pcap header
+  for (size_t k = 0; k < 2; k++) {
+    INFO("record " << k);
+    REQUIRE(file.size() >= at + 16 + 28);
+    uint32_t caplen;
+    std::memcpy(&caplen, &file[at + 8], 4);
+    const uint8_t *ip = &file[at + 16];
+    REQUIRE(caplen == 28 + got[k].size());
+    REQUIRE(file.size() >= at + 16 + caplen);
+    CHECK((ip[22] << 8 | ip[23]) == to.port);   // UDP destination port
+    CHECK(std::equal(got[k].begin(), got[k].end(), ip + 28));
+    at += 16 + caplen;
+  }
+  CHECK(at == file.size());   // nothing else: placed data is not a datagram
+}
+
 TEST_CASE("shm: a writer that may not ptrace the owner gets no ring, and uses the socket", "[nic]") {
   constexpr uint16_t kBase = 26290;
   auto owner = shm_nic({0x7f000001, kBase});

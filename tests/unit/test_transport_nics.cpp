@@ -28,6 +28,8 @@
 #include "usrc/net/udp.h"
 #include "usrc/rc/engine.h"
 
+#include "temp_dir.h"
+
 using namespace usrc;
 using namespace usrc::rc;
 
@@ -780,9 +782,8 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
 // there, as untraced, and the datagrams built in place are in the trace.
 TEST_CASE("shm under the tracer: building in place and direct placement go on, and the trace holds what was built in place", "[nic][trace]") {
   constexpr uint16_t kBase = 26320;
-  char dir[] = "/tmp/usrc-shmtrace.XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string path = std::string(dir) + "/a.pcap";
+  const TempDir dir("usrc-shmtrace");
+  const std::string path = dir.path + "/a.pcap";
   std::unique_ptr<net::Nic> inner = shm_nic({0x7f000001, kBase});
   std::string err;
   std::unique_ptr<net::Nic> a = net::TraceNic::wrap(inner, path, &err);
@@ -823,7 +824,6 @@ TEST_CASE("shm under the tracer: building in place and direct placement go on, a
   std::vector<uint8_t> file(4096);
   file.resize(fread(file.data(), 1, file.size(), f));
   fclose(f);
-  std::filesystem::remove_all(dir);
   size_t at = 24;   // the pcap header
   for (size_t k = 0; k < 2; k++) {
     INFO("record " << k);

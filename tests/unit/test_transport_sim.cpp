@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -20,6 +19,8 @@
 #include "usrc/rc/psn.h"
 #include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
+
+#include "temp_dir.h"
 
 using namespace usrc;
 using namespace usrc::rc;
@@ -394,9 +395,8 @@ TEST_CASE("tracing a same-host pair changes nothing, and the trace holds the pac
   // same paths (built in place in the peer's ring, as the shared-memory
   // NIC offers it) and every counter alike; the trace holds every packet
   // each side sent and received.
-  char dir[] = "/tmp/usrc-simtrace.XXXXXX";
-  REQUIRE(mkdtemp(dir));
-  const std::string prefix = std::string(dir) + "/";
+  const TempDir dir("usrc-simtrace");
+  const std::string prefix = dir.path + "/";
   struct Run {
     std::array<uint64_t, kNumCounters> a, b;
     net::SimNetwork::Stats net;
@@ -436,7 +436,6 @@ TEST_CASE("tracing a same-host pair changes nothing, and the trace holds the pac
          wire::Opcode(wire::bth::opcode(pkt.data())) == wire::Opcode::RC_SEND_ONLY_IMM))
       psns.insert(wire::bth::psn(pkt.data()));
   CHECK(psns.size() == 300);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("PSNs roll over from FFFFFFh to 0", "[sim]") {

@@ -8,11 +8,14 @@
 # 1% loss. Prints a table of ratios against the targets and writes PNG plots.
 #
 #   perftest-configs/bench.sh [--quick] [--out DIR]
+#   perftest-configs/bench.sh --net [--quick] [--runs N] ...   (bench-net.sh:
+#       across two network namespaces joined by a veth pair, every backend)
 #
 # Needs a built tree (build/) or an installed usrc (usrc, udpblast, qpidle on
 # PATH), root (device creation, loss namespace) and the tools of
 # tools/deps.sh. Exit status: the number of MISSed targets.
 set -u
+case " $* " in *" --net "*) exec "$(dirname "$0")/bench-net.sh" "$@" ;; esac
 QUICK= OUT=
 while [ $# -gt 0 ]; do
   case $1 in

@@ -6,8 +6,9 @@ PKGS="cmake g++ make pkg-config libibverbs-dev ibverbs-utils perftest qperf catc
 # NIC backends: libfabric (ofi), AF_XDP (xdp).
 PKGS="$PKGS libfabric-dev libfabric-bin libbpf-dev"
 # Benchmark comparison tools (perftest-configs/bench.sh): raw UDP ping-pong,
-# libfabric's rxd/tcp pingpong, plots, per-process CPU time.
-PKGS="$PKGS sockperf gnuplot-nox time"
+# libfabric's rxd/tcp pingpong, plots, per-process CPU time, a CPU hog (the
+# contended runs; the suite once under load).
+PKGS="$PKGS sockperf gnuplot-nox time stress-ng"
 # Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

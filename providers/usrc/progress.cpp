@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,10 +48,18 @@ void Context::progress_loop() {
   pc.spin_ns = t.progress_rt ? 0 : uint64_t(t.busy_poll_us) * 1000;
   pc.no_wait_fd_poll_ns = nic_fd < 0 ? 200'000 : 0;
   ProgressPolicy policy(pc);
+  // The policy's short sleeps (ProgressPolicy::kHandNs) are meant as
+  // written, not rounded up by the default 50 us timer slack.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  bool nic_woke = false;   // packets ended a sleep while the application polled
   while (!stop_) {
     uint64_t now = now_ns();
-    ProgressPolicy::Decision d = policy.next(now, app_polled_.load(std::memory_order_relaxed));
-    if (d.what == ProgressPolicy::Do::sleep) {
+    const uint64_t app = app_polled_.load(std::memory_order_relaxed);
+    ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, app)
+                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd));
+    nic_woke = false;
+    const bool watch = d.what == ProgressPolicy::Do::sleep;
+    if (watch) {
       // The application polls and runs the timers itself: until it stops,
       // kick() need not wake us for a timer.
       sleep_until_.store(0, std::memory_order_release);
@@ -91,6 +100,7 @@ void Context::progress_loop() {
     if (on_nic && !engine_->nic().prepare_wait()) continue;
     int r = ppoll(fds, 3, tsp, nullptr);
     if (on_nic) engine_->nic().end_wait();
+    if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
@@ -98,6 +108,18 @@ void Context::progress_loop() {
     if (r > 0 && (fds[2].revents & POLLIN)) netdev_events();
   }
   engine_->local_peers().owner_thread(false);
+}
+
+// Datagrams wait on the NIC (its fd is readable, or it holds some the fd
+// does not show).
+// (The engine busy: the application is receiving, as good as taken.)
+bool Context::nic_ready(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (fd >= 0 && poll(&p, 1, 0) > 0) return true;
+  if (!engine_->mu.try_lock()) return false;
+  const bool pending = engine_->nic().rx_pending();
+  engine_->mu.unlock();
+  return pending;
 }
 
 void Context::kick() {

@@ -4,35 +4,50 @@
 
 namespace usrc {
 
-ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled) {
+ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled, bool nic_ready) {
   if (!app_active(now, app_polled)) {
-    looks_active_ = 0;
+    looks_active_ = 0, hands_ = 0, woke_ = 0, nic_off_until_ = 0;
     return {Do::take_engine};
   }
+  if (woke_) {
+    // Packets arrived kHandNs ago while the application was polling. Still
+    // there: it is not receiving them (a passive RDMA target spinning on
+    // its memory between polls of its send CQ, waiting for a WRITE that
+    // only a progress pass places): the thread takes them now, not when
+    // the quiet time runs out.
+    if (nic_ready) {
+      woke_ = 0, looks_active_ = 0, hands_ = 0;
+      return {Do::take_engine};
+    }
+    // Taken: the application receives in its own thread (two threads
+    // racing for the same packets cost a wake-up and a core each).
+    // (A quiet spell since the last, off the NIC or not: not a stream.)
+    if (woke_ > std::max(last_hand_, nic_off_until_) + cfg_.app_quiet_ns) hands_ = 0;
+    woke_ = 0, last_hand_ = now;
+    if (++hands_ > kStreamHands)
+      nic_off_until_ = now + std::min(kHandNs << std::min(hands_ - kStreamHands - 1, 16u), cfg_.app_quiet_ns);
+  }
   // The application polls: it receives and runs the timers in its own
-  // thread (two threads racing for the same packets cost a wake-up and a
-  // core each). Taking the engine from it would cost it a futex wake-up (and
-  // both threads a core): look again when it may have gone quiet.
-  //
-  // Every look wakes this thread, and on a machine whose cores all poll it
-  // takes a core from one of them: a thousand looks a second cost a
-  // small-message stream about a tenth of its rate on two cores. So each
-  // look that finds the application still polling doubles the time to the
-  // next (up to kMaxBackoff doublings). The price is the first look after
-  // a long stretch of polling coming later (16 ms at the default
-  // USRC_APP_QUIET_US): an application that then stops polling has its
-  // packets taken, held ACKs sent and timers run that much later, once.
-  // One that arms a CQ for an event wakes the thread at once
-  // (Context::app_waits).
-  //
-  // Off the NIC's wait queue altogether meanwhile: a waiter there, even one
-  // asking for no event, makes every sender's packet walk the queue under
-  // its lock.
+  // thread. Look again when it may have gone quiet. Every look wakes this
+  // thread, and on a machine whose cores all poll it takes a core from one
+  // of them, so each look that finds the application still polling doubles
+  // the time to the next (up to kMaxBackoff doublings); one that arms a CQ
+  // for an event wakes it at once (Context::app_waits).
   const uint64_t busy_until = app_polled + cfg_.app_quiet_ns;
   const uint64_t until =
       std::max(busy_until, now + (cfg_.app_quiet_ns << std::min(looks_active_, kMaxBackoff)));
   looks_active_++;
-  return {Do::sleep, until, false};   // (until > now: busy_until is)
+  if (now < nic_off_until_) return {Do::sleep, std::min(until, nic_off_until_), false};
+  return {Do::sleep, until, true};   // (until > now: busy_until is)
+}
+
+ProgressPolicy::Decision ProgressPolicy::nic_woke(uint64_t now, uint64_t app_polled) {
+  if (app_polled + kHandNs / 4 <= now) {   // (app_polled may be later than now)
+    looks_active_ = 0, hands_ = 0;
+    return {Do::take_engine};
+  }
+  woke_ = now;
+  return {Do::sleep, now + kHandNs, false};
 }
 
 ProgressPolicy::Decision ProgressPolicy::after_pass(uint64_t now, bool received,

@@ -45,6 +45,16 @@ class ProgressPolicy {
   static constexpr uint64_t kNoSpinNs = 20'000'000;
   // Port events while spinning: looked for this often.
   static constexpr uint64_t kNetlinkEveryNs = 1'000'000;
+  // Packets arrived while the application polls: it is given this long to
+  // take them, else the thread does. An application whose last poll is
+  // older than a quarter of it at the arrival is not polling now: the
+  // thread takes them at once.
+  static constexpr uint64_t kHandNs = 10'000;
+  // More than this many arrivals in a row taken by the application (a
+  // stream) keep the thread off the NIC for kHandNs, doubled each time up
+  // to the quiet time: a receiving application is not taxed a wake-up per
+  // packet.
+  static constexpr uint32_t kStreamHands = 4;
 
   explicit ProgressPolicy(const Config &c) : cfg_(c) {}
 
@@ -56,8 +66,17 @@ class ProgressPolicy {
   }
 
   // At the top of the loop: take the engine, or (the application polls)
-  // sleep off the NIC until it may have gone quiet.
-  Decision next(uint64_t now, uint64_t app_polled);
+  // sleep until it may have gone quiet, on the NIC as well (packets wake the
+  // thread: nic_woke) unless a stream of them showed the application
+  // receiving. nic_ready: packets wait on the NIC; read only when
+  // nic_check() (a system call).
+  Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false);
+  bool nic_check() const { return woke_ != 0; }
+
+  // A sleep from next() ended because packets arrived (the NIC's fd). An
+  // application not polling right now leaves them to the thread at once;
+  // one polling gets kHandNs to take them (the next next() looks).
+  Decision nic_woke(uint64_t now, uint64_t app_polled);
 
   // After a progress pass at now: received packets, the engine's next
   // timer, whether the NIC holds received packets its fd does not show.
@@ -74,6 +93,10 @@ class ProgressPolicy {
  private:
   Config cfg_;
   uint32_t looks_active_ = 0;
+  uint64_t woke_ = 0;            // when packets woke the thread (0: they did not)
+  uint64_t nic_off_until_ = 0;   // off the NIC until then
+  uint32_t hands_ = 0;           // looks in a row that found the application taking them
+  uint64_t last_hand_ = 0;       // ... the last of them
   uint64_t last_rx_ = 0, no_spin_until_ = 0, last_nl_ = 0;
   bool rx_seen_ = false;
   uint32_t contended_ = 0;

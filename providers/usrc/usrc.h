@@ -126,6 +126,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // Wakes the progress thread if the engine now has an earlier timer than
   // the one it sleeps for. Call after releasing engine().mu.
   void kick();
+  bool nic_ready(int fd);
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   // direct: a poller's array the pass may write receive completions into
   // (rc::Engine::DirectWc); returns how many it wrote there.

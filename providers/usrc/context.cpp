@@ -1,115 +1,25 @@
-// A context's engine, its progress thread, its MR table and async events.
+// A context: opening and closing it, its MR table and async events. (Its
+// NIC: backend.cpp; its progress thread: progress.cpp; the netdev it
+// watches: netdev_watch.cpp.)
 #include <fcntl.h>
-#include <poll.h>
-#include <sys/prctl.h>
-#include <pthread.h>
-#include <sched.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 
 #include "usrc/common/log.h"
 #include "usrc/common/random.h"
-#include "usrc/common/tunables.h"
-#include "usrc/net/ofi.h"
-#include "usrc/net/shm.h"
-#include "usrc/net/trace.h"
-#include "usrc/net/udp.h"
-#include "usrc/net/xdp.h"
-#include "usrc/progress_policy.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-
 Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   std::unique_ptr<Context> c(new Context);
   c->cfg_ = cfg;
-  const Tunables &t = Tunables::get();
-
-  // Pick a free process slot: its UDP port is base_port + slot. Start at a
-  // random slot: concurrent openers rarely collide, and a process restarted
-  // with the same pid (a fresh pid namespace) does not get its
-  // predecessor's slot, hence QPNs and port, back: its predecessor's
-  // packets still on their way find no QP.
-  std::unique_ptr<net::Nic> nic;
-  uint32_t slot = 0, rcvbuf = 0;
-  size_t max_payload = SIZE_MAX;
-  uint32_t start = random_u32() % kMaxSlots;
-  for (uint32_t i = 0; i < kMaxSlots && !nic; i++) {
-    slot = 1 + (start + i) % kMaxSlots;
-    if (uint32_t(cfg.base_port) + slot > 65535) continue;
-    int e = 0;
-    net::Endpoint local{cfg.ipv4, static_cast<uint16_t>(cfg.base_port + slot)};
-    if (cfg.backend == Backend::udp) {
-      auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, t.gso, &e, err);
-      if (u) rcvbuf = u->rcvbuf();
-      nic = std::move(u);
-    } else if (cfg.backend == Backend::ofi) {
-#ifdef USRC_HAVE_OFI
-      nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, &max_payload, &e, err);
-#else
-      *err = "backend ofi: this usrc was built without libfabric (libfabric-dev)";
-      return nullptr;
-#endif
-    } else if (cfg.backend == Backend::xdp) {
-#ifdef USRC_HAVE_XDP
-      nic = net::open_xdp_nic(local, cfg.netdev, t.rx_batch, &e, err);
-      max_payload = net::kXdpMaxPayload;
-#else
-      *err = "backend xdp: this usrc was built without AF_XDP support (libxdp-dev, libbpf-dev, clang)";
-      return nullptr;
-#endif
-    }
-    if (!nic && e == EBUSY && err->empty()) return nullptr;   // nested libfabric probe
-    if (!nic && e != EADDRINUSE) {
-      *err = std::string("cannot open the ") + backend_name(cfg.backend) +
-             " NIC on the device address (" + *err + "); is " + cfg.netdev +
-             " up with that address in this network namespace?";
-      return nullptr;
-    }
-  }
-  if (!nic) {
-    *err = "no free UDP port in the device's range";
-    return nullptr;
-  }
-  // The largest packet: a full PMTU payload plus BTH, RETH/ImmDt and ICRC.
-  if (max_payload < cfg.active_mtu + 64) {
-    *err = "the NIC carries at most " + std::to_string(max_payload) + " bytes: MTU " +
-           std::to_string(cfg.active_mtu) + " is too large";
-    return nullptr;
-  }
-  // Size the send window to what the peer's socket buffer can hold (we
-  // assume the peer is configured like us): loss from buffer overflow would
-  // otherwise be the common case on loopback. Backends with their own
-  // receive rings get a fixed window below their ring size.
-  uint32_t per_pkt = cfg.active_mtu + 1024;
-  uint32_t window = t.tx_window ? t.tx_window
-                    : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
-                                : 64;
-  std::unique_ptr<net::Nic> dev = std::move(nic);
-  if (cfg.backend == Backend::udp && t.shm) {
-    // Peers on this host: through shared memory (net/shm.h).
-    std::string serr;
-    if (auto s = net::ShmNic::wrap(dev, &serr)) dev = std::move(s);
-    else log().warn("{}: no shared-memory ring, peers on this host use the socket: {}", cfg.name, serr);
-  }
-  if (const char *trace = getenv("USRC_TRACE"); trace && *trace) {
-    // Packet capture (usrc trace): every datagram to a pcap file.
-    std::string path = net::trace_path(trace), terr;
-    if (auto t = net::TraceNic::wrap(dev, path, &terr)) dev = std::move(t);
-    else log().warn("{}: no trace: {}", cfg.name, terr);
-  }
+  uint32_t slot = 0, window = 0;
+  std::unique_ptr<net::Nic> dev = open_nic(cfg, &slot, &window, err);
+  if (!dev) return nullptr;
   c->engine_ = std::make_unique<rc::Engine>(std::move(dev), slot, cfg.base_port, now_ns,
                                             c.get(), c.get());
   c->engine_->max_window = window;
@@ -155,168 +65,6 @@ Context::~Context() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
   if (async_fd_[1] >= 0) ::close(async_fd_[1]);
-}
-
-// The progress thread: guarantees ACKs, retransmissions, timeouts and the
-// execution of one-sided requests when the application is not calling in.
-// It sleeps in ppoll on the socket, a wake eventfd and the next timer.
-void Context::progress_loop() {
-  // The thread sleeps almost always; when a packet arrives it must run at
-  // once even if the application spins on every core (a passive RDMA
-  // target polling its memory). A real-time priority gives that where the
-  // process may have it (root, CAP_SYS_NICE, RLIMIT_RTPRIO); elsewhere the
-  // thread runs at normal priority. Off by default (USRC_PROGRESS_RT=1):
-  // on few cores it slows programs that poll their CQs.
-  const Tunables &t = Tunables::get();
-  if (t.progress_rt) {
-    sched_param sp{};
-    sp.sched_priority = 1;
-    pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
-  }
-  engine_->nic().owner_thread(true);
-  const int nic_fd = engine_->nic().wait_fd();
-  pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
-                   {nl_fd_, POLLIN, 0}};
-  // When to take the engine, spin or sleep: progress_policy.h. Never spin
-  // at real-time priority: a spinning FIFO thread would keep the
-  // application off its core.
-  ProgressPolicy::Config pc;
-  pc.app_quiet_ns = uint64_t(t.app_quiet_us) * 1000;
-  pc.spin_ns = t.progress_rt ? 0 : uint64_t(t.busy_poll_us) * 1000;
-  pc.no_wait_fd_poll_ns = nic_fd < 0 ? 200'000 : 0;
-  ProgressPolicy policy(pc);
-  // The policy's short sleeps (ProgressPolicy::kHandNs) are meant as
-  // written, not rounded up by the default 50 us timer slack.
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  bool nic_woke = false;   // packets ended a sleep while the application polled
-  while (!stop_) {
-    uint64_t now = now_ns();
-    const uint64_t app = app_polled_.load(std::memory_order_relaxed);
-    ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, app)
-                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd));
-    nic_woke = false;
-    const bool watch = d.what == ProgressPolicy::Do::sleep;
-    if (watch) {
-      // The application polls and runs the timers itself: until it stops,
-      // kick() need not wake us for a timer.
-      sleep_until_.store(0, std::memory_order_release);
-      // (app_waits() wakes us: set before its look at app_polled_ below.)
-      watching_.store(true, std::memory_order_seq_cst);
-      if (!policy.app_active(now, app_polled_.load(std::memory_order_seq_cst))) {
-        watching_.store(false, std::memory_order_relaxed);
-        continue;
-      }
-    } else {
-      watching_.store(false, std::memory_order_relaxed);
-      std::lock_guard g(engine_->mu);
-      const size_t received = engine_->progress();
-      now = now_ns();
-      d = policy.after_pass(now, received != 0, engine_->next_deadline(),
-                            engine_->nic().rx_pending());
-      // kick() wakes us only for a timer earlier than this.
-      sleep_until_.store(d.until, std::memory_order_release);
-    }
-    if (d.what == ProgressPolicy::Do::take_engine) continue;
-    if (d.what == ProgressPolicy::Do::spin) {
-      const uint64_t t0 = now_ns();
-      sched_yield();
-      const uint64_t t1 = now_ns();
-      if (policy.yielded(t0, t1) && nl_fd_ >= 0) netdev_events();
-      continue;
-    }
-    timespec ts, *tsp = nullptr;
-    if (d.until != UINT64_MAX) {
-      uint64_t w = d.until - now;
-      ts = {static_cast<time_t>(w / 1000000000ull), static_cast<long>(w % 1000000000ull)};
-      tsp = &ts;
-    }
-    // On the socket: datagrams a backend holds elsewhere (a shared-memory
-    // ring) say so now, or have a doorbell rung once we are asleep.
-    fds[0].fd = d.on_nic ? nic_fd : -1;
-    const bool on_nic = fds[0].fd >= 0;
-    if (on_nic && !engine_->nic().prepare_wait()) continue;
-    int r = ppoll(fds, 3, tsp, nullptr);
-    if (on_nic) engine_->nic().end_wait();
-    if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
-    if (r > 0 && (fds[1].revents & POLLIN)) {
-      uint64_t v;
-      (void)!read(wake_fd_, &v, sizeof v);
-    }
-    if (r > 0 && (fds[2].revents & POLLIN)) netdev_events();
-  }
-  engine_->nic().owner_thread(false);
-}
-
-// Datagrams wait on the NIC (its fd is readable, or it holds some the fd
-// does not show).
-// (The engine busy: the application is receiving, as good as taken.)
-bool Context::nic_ready(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  if (fd >= 0 && poll(&p, 1, 0) > 0) return true;
-  if (!engine_->mu.try_lock()) return false;
-  const bool pending = engine_->nic().rx_pending();
-  engine_->mu.unlock();
-  return pending;
-}
-
-void Context::kick() {
-  // Every caller armed its timers under the engine lock and has released
-  // it since: the progress thread either read them under that lock too or
-  // stored its sleep_until_ before we took the lock. (While the application
-  // polls, sleep_until_ is 0: it runs its timers itself.)
-  if (engine_->next_deadline() < sleep_until_.load(std::memory_order_acquire)) {
-    sleep_until_.store(0, std::memory_order_release);
-    uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof one);
-  }
-}
-
-void Context::found_completions() {
-  if (engine_->placed_since_pass.load(std::memory_order_relaxed)) {
-    try_progress();
-    return;
-  }
-  app_polled_.store(now_ns(), std::memory_order_relaxed);
-}
-
-void Context::app_waits() {
-  // (Against progress_loop's store of watching_ and look at app_polled_:
-  // one of the two sees the other.)
-  app_polled_.store(0, std::memory_order_seq_cst);
-  if (watching_.load(std::memory_order_seq_cst)) {
-    uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof one);
-  }
-}
-
-uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling) {
-  const uint64_t now = now_ns();
-  // (A load and a store, not an exchange: several threads polling may
-  // lose one another's time, which only needs to be recent.)
-  const uint64_t prev = polling ? app_polled_.load(std::memory_order_relaxed) : 0;
-  if (polling) app_polled_.store(now, std::memory_order_relaxed);
-  if (!engine_->mu.try_lock()) return 0;
-  // ACKs may wait for the application's next call only while it polls in a
-  // loop: the progress thread then looks in within USRC_APP_QUIET_US and
-  // sends them should the application stop. After a quiet spell that
-  // thread may be asleep on the socket with no timeout: send at once.
-  const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
-  const bool looping = prev + quiet > now;   // prev may be later (another thread)
-  if (direct) engine_->direct = *direct;
-  engine_->progress(looping, now);
-  const uint32_t n = engine_->direct.n;
-  engine_->direct = {};
-  // (Looked at only if needed: the ring's head is another core's line.)
-  const bool pending = !looping && engine_->nic().rx_pending();
-  engine_->mu.unlock();
-  if (pending) {
-    // Packets left in the NIC and an application that may not call again:
-    // the progress thread, maybe asleep on the socket, takes them.
-    uint64_t one = 1;
-    (void)!write(wake_fd_, &one, sizeof one);
-  }
-  kick();
-  return n;
 }
 
 void Context::async_event(void *element, ibv_event_type type) {

@@ -66,11 +66,11 @@ static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova,
     uint32_t key = c.add_mr(mr);
     mr->vmr.ibmr.lkey = mr->vmr.ibmr.rkey = key;
     mr->vmr.ibmr.handle = key;
-    // Same-host peers may write into it directly (net::Nic::place; not
+    // Same-host peers may write into it directly (net::LocalPeers::place; not
     // ODP memory, which may have holes: those take the responder's
     // checks). The domain is the PD, as the QPs' gates give it.
     if ((access & IBV_ACCESS_REMOTE_WRITE) && !mr->odp &&
-        !c.engine().nic().expose(key, {reinterpret_cast<uint64_t>(pd), addr, iova, length}))
+        !c.engine().local_peers().expose(key, {reinterpret_cast<uint64_t>(pd), addr, iova, length}))
       c.engine().counters[uint32_t(Counter::direct_unlisted)]++;
   }
   pd->users++;
@@ -173,7 +173,7 @@ int dereg_mr(verbs_mr *vmr) {
     // rkeys under the same lock.
     std::lock_guard g(c.engine().mu);
     c.remove_mr(vmr->ibmr.lkey);
-    c.engine().nic().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)
+    c.engine().local_peers().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)
   }
   mr->pd->users--;
   if (mr->dm) mr->dm->mrs--;

@@ -202,7 +202,14 @@ inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
 inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
-uint64_t now_ns();
+uint64_t now_ns();   // progress.cpp: CLOCK_MONOTONIC, the engine's clock
+
+// backend.cpp: a context's NIC, the device's backend on a free process slot
+// (*slot: its UDP port is base_port + slot) with the shared-memory ring and
+// the tracer over it where they apply; *window: the send window it suits.
+// nullptr with *err set (empty only for a nested libfabric probe).
+std::unique_ptr<net::Nic> open_nic(const DeviceConfig &cfg, uint32_t *slot, uint32_t *window,
+                                   std::string *err);
 
 // The ops, by family.
 int query_device_ex(ibv_context *, const ibv_query_device_ex_input *, ibv_device_attr_ex *, size_t);

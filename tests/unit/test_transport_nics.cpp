@@ -24,8 +24,11 @@
 
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
+#include "usrc/net/trace.h"
 #include "usrc/net/udp.h"
 #include "usrc/rc/engine.h"
+
+#include "temp_dir.h"
 
 using namespace usrc;
 using namespace usrc::rc;
@@ -269,7 +272,7 @@ bool get_ring(net::Nic &w, net::Endpoint to, net::Nic *owner = nullptr) {
   net::RxPacket out[8];
   for (uint64_t end = wall_ns() + 10'000'000'000ull; wall_ns() < end;) {
     w.add_peer(to);
-    if (w.cheap_send(to)) return true;
+    if (w.local_peers()->cheap_send(to)) return true;
     if (owner) owner->recv({out, 8});
     w.recv({out, 8});
     usleep(1000);
@@ -415,14 +418,14 @@ TEST_CASE("shm: a full ring is back-pressure: what does not fit waits, in order,
   auto &p = s.p;
   const net::Endpoint to = b->local();
   size_t sent = 0;
-  CHECK_FALSE(a->tx_blocked(to));
+  CHECK_FALSE(a->local_peers()->tx_blocked(to));
   for (v = 0; v < net::ShmNic::kSlots + 10; v++) sent += a->send({&p, 1});
   CHECK(sent == net::ShmNic::kSlots + 10);   // taken, none dropped
-  CHECK(a->tx_blocked(to));
-  CHECK(a->tx_pending());
+  CHECK(a->local_peers()->tx_blocked(to));
+  CHECK(a->local_peers()->tx_pending());
   // Built in place behind them: no (send() queues it after them).
   size_t room = 0;
-  CHECK(a->tx_begin(to, 0, &room) == nullptr);
+  CHECK(a->local_peers()->tx_begin(to, 0, &room) == nullptr);
   auto got = take(*b, net::ShmNic::kSlots);
   REQUIRE(got.size() == net::ShmNic::kSlots);
   // The last datagrams handed out are freed by the next receive; the
@@ -430,8 +433,8 @@ TEST_CASE("shm: a full ring is back-pressure: what does not fit waits, in order,
   CHECK(b->recv({}) == 0);
   net::RxPacket none[1];
   a->recv({none, 1});
-  CHECK_FALSE(a->tx_blocked(to));
-  CHECK_FALSE(a->tx_pending());
+  CHECK_FALSE(a->local_peers()->tx_blocked(to));
+  CHECK_FALSE(a->local_peers()->tx_pending());
   v = net::ShmNic::kSlots + 10;
   CHECK(a->send({&p, 1}) == 1);
   auto more = take(*b, 11);
@@ -615,11 +618,11 @@ TEST_CASE("shm: writers in several processes at once: every datagram arrives onc
         iovec iov{b.data(), len};
         net::TxPacket p{rx->local(), &iov, 1};
         if (tx->send({&p, 1}) != 1) _exit(2);   // (a full ring: it waits in the backlog)
-        if (tx->tx_blocked(rx->local())) sched_yield();
+        if (tx->local_peers()->tx_blocked(rx->local())) sched_yield();
       }
       // What waits goes on at our next passes.
       net::RxPacket none[1];
-      for (uint64_t end = wall_ns() + 10'000'000'000ull; tx->tx_pending(); sched_yield()) {
+      for (uint64_t end = wall_ns() + 10'000'000'000ull; tx->local_peers()->tx_pending(); sched_yield()) {
         if (wall_ns() > end) _exit(4);   // the ring never had room
         tx->recv({none, 1});
       }
@@ -667,16 +670,16 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   auto owner = shm_nic({0x7f000001, kBase});
   auto w = shm_nic(we), w2 = shm_nic(other);
   std::vector<uint8_t> buf(4096, 0);
-  owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()});
-  owner->expose(0x101, {8, buf.data(), 0x1000, buf.size()});   // another domain
-  owner->set_gate(5, {7, 9, we});
+  owner->local_peers()->expose(0x100, {7, buf.data(), 0x1000, buf.size()});
+  owner->local_peers()->expose(0x101, {8, buf.data(), 0x1000, buf.size()});   // another domain
+  owner->local_peers()->set_gate(5, {7, 9, we});
   const net::Endpoint to = owner->local();
   w->add_peer(to);
   w2->add_peer(to);
   const char msg[] = "hello";
   iovec iov[2] = {{const_cast<char *>(msg), 3}, {const_cast<char *>(msg) + 3, 2}};
   auto place = [&](net::Nic &n, uint32_t tag, uint32_t my, uint32_t key, uint64_t at, size_t len = 5) {
-    return n.place(to, tag, my, key, at, iov, 2, len);
+    return n.local_peers()->place(to, tag, my, key, at, iov, 2, len);
   };
   REQUIRE(place(*w, 5, 9, 0x100, 0x1000 + 10));
   CHECK(std::memcmp(buf.data() + 10, "hello", 5) == 0);
@@ -691,40 +694,40 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
   // A key or tag whose table entry is another's is not listed (said so):
   // it takes no placement, and the one listed keeps its entry.
-  CHECK_FALSE(owner->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));
-  CHECK_FALSE(owner->set_gate(5 + 1024, {7, 9, we}));
+  CHECK_FALSE(owner->local_peers()->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));
+  CHECK_FALSE(owner->local_peers()->set_gate(5 + 1024, {7, 9, we}));
   CHECK_FALSE(place(*w, 5 + 1024, 9, 0x100, 0x1000));
   CHECK_FALSE(place(*w, 5, 9, 0x100 + 4096, 0x1000));
-  CHECK(owner->set_gate(5 + 1024, {}));   // shutting an unlisted gate leaves 5 open
+  CHECK(owner->local_peers()->set_gate(5 + 1024, {}));   // shutting an unlisted gate leaves 5 open
   REQUIRE(place(*w, 5, 9, 0x100, 0x1000 + 10));
   std::fill(buf.begin(), buf.end(), 0);
-  owner->withdraw(0x100);
+  owner->local_peers()->withdraw(0x100);
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
-  CHECK(owner->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));   // free now
-  owner->withdraw(0x100 + 4096);
-  CHECK(owner->expose(0x100, {7, buf.data(), 0x1000, buf.size()}));
-  owner->set_gate(5, {});
+  CHECK(owner->local_peers()->expose(0x100 + 4096, {7, buf.data(), 0x1000, buf.size()}));   // free now
+  owner->local_peers()->withdraw(0x100 + 4096);
+  CHECK(owner->local_peers()->expose(0x100, {7, buf.data(), 0x1000, buf.size()}));
+  owner->local_peers()->set_gate(5, {});
   CHECK_FALSE(place(*w, 5, 9, 0x100, 0x1000));
   CHECK(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
 
   // From another process (process_vm_writev into this one): only while
   // the owner's thread says it lives.
-  owner->set_gate(5, {7, 9, {0x7f000001, uint16_t(kBase + 3)}});
+  owner->local_peers()->set_gate(5, {7, 9, {0x7f000001, uint16_t(kBase + 3)}});
   int status = 0;
   pid_t pid;
   for (bool live : {false, true}) {
-    if (live) owner->owner_thread(true);
+    if (live) owner->local_peers()->owner_thread(true);
     pid = fork();
     if (pid == 0) {
       auto c = shm_nic({0x7f000001, uint16_t(kBase + 3)});
       if (!get_ring(*c, to)) _exit(2);
-      _exit(c->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
+      _exit(c->local_peers()->place(to, 5, 9, 0x100, 0x1000 + 100, iov, 2, 5) ? 0 : 1);
     }
     CHECK(serve_until_exit(*owner, pid) == (live ? 0 : 1));
     CHECK(buf[100] == (live ? 'h' : 0));
   }
   CHECK(std::memcmp(buf.data() + 100, "hello", 5) == 0);
-  owner->owner_thread(false);
+  owner->local_peers()->owner_thread(false);
 
   // Into another process, until it dies.
   int ready[2], done[2];
@@ -734,10 +737,10 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   pid = fork();
   if (pid == 0) {
     auto c = shm_nic(child);
-    c->owner_thread(true);
+    c->local_peers()->owner_thread(true);
     static volatile uint8_t mem[64];
-    c->expose(0x200, {3, const_cast<uint8_t *>(mem), 0, sizeof mem});
-    c->set_gate(11, {3, 12, we});
+    c->local_peers()->expose(0x200, {3, const_cast<uint8_t *>(mem), 0, sizeof mem});
+    c->local_peers()->set_gate(11, {3, 12, we});
     char x = 1;
     (void)!write(ready[1], &x, 1);
     // (The kernel copies in order, not at once: wait for the last byte.)
@@ -752,22 +755,22 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
   char x = 0;
   REQUIRE(read(ready[0], &x, 1) == 1);
   REQUIRE(get_ring(*w, child));
-  CHECK(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
+  CHECK(w->local_peers()->place(child, 11, 12, 0x200, 0, iov, 2, 5));
   REQUIRE(read(done[0], &x, 1) == 1);
   CHECK(x == 1);   // the child saw the bytes
   kill(pid, SIGKILL);
   REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK_FALSE(w->place(child, 11, 12, 0x200, 0, iov, 2, 5));
+  CHECK_FALSE(w->local_peers()->place(child, 11, 12, 0x200, 0, iov, 2, 5));
   for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
   // Its socket went with it, and the writer lets go of its ring (the
   // memory goes with the last mapping): the socket from now on.
   CHECK_FALSE(shm_exists(child));
   net::RxPacket out[8];
-  for (uint64_t end = wall_ns() + 5'000'000'000ull; w->cheap_send(child) && wall_ns() < end;) {
+  for (uint64_t end = wall_ns() + 5'000'000'000ull; w->local_peers()->cheap_send(child) && wall_ns() < end;) {
     w->recv({out, 8});
     usleep(1000);
   }
-  CHECK_FALSE(w->cheap_send(child));
+  CHECK_FALSE(w->local_peers()->cheap_send(child));
 }
 
 // The ring goes only to a process the kernel would let write the owner's
@@ -775,6 +778,68 @@ TEST_CASE("shm: direct placement writes only through an open gate into an expose
 // it (here the owner is not dumpable and the writer lacks CAP_SYS_PTRACE),
 // which then reaches it through the socket, and not to one that cannot
 // answer the challenge.
+// The tracer over the ring (usrc trace): the ring's short cuts are all
+// there, as untraced, and the datagrams built in place are in the trace.
+TEST_CASE("shm under the tracer: building in place and direct placement go on, and the trace holds what was built in place", "[nic][trace]") {
+  constexpr uint16_t kBase = 26320;
+  const TempDir dir("usrc-shmtrace");
+  const std::string path = dir.path + "/a.pcap";
+  std::unique_ptr<net::Nic> inner = shm_nic({0x7f000001, kBase});
+  std::string err;
+  std::unique_ptr<net::Nic> a = net::TraceNic::wrap(inner, path, &err);
+  INFO(err);
+  REQUIRE(a);
+  auto b = shm_nic({0x7f000001, uint16_t(kBase + 1)});
+  const net::Endpoint to = b->local();
+  a->add_peer(to);
+  net::LocalPeers *lp = a->local_peers();
+  REQUIRE(lp);
+  CHECK(lp->cheap_send(to));
+  // Two datagrams of 10 and 6 bytes, built in b's ring.
+  size_t room = 0;
+  uint8_t *buf = lp->tx_begin(to, 0, &room);
+  REQUIRE(buf);
+  REQUIRE(room >= 16);
+  for (int i = 0; i < 16; i++) buf[i] = uint8_t(0xa0 + i);
+  lp->tx_end(16, 10);
+  std::vector<net::Endpoint> src;
+  auto got = take(*b, 2, &src);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].size() == 10);
+  CHECK(got[1].size() == 6);
+  CHECK((got[0].front() == 0xa0 && got[1].back() == 0xaf));
+  CHECK(src[0] == a->local());
+  // Placed through the tracer into b's memory.
+  std::vector<uint8_t> mem(64, 0);
+  REQUIRE(b->local_peers()->expose(0x300, {3, mem.data(), 0x1000, mem.size()}));
+  REQUIRE(b->local_peers()->set_gate(21, {3, 22, a->local()}));
+  const char msg[] = "placed";
+  iovec iov{const_cast<char *>(msg), 6};
+  CHECK(lp->place(to, 21, 22, 0x300, 0x1000 + 8, &iov, 1, 6));
+  CHECK(std::memcmp(mem.data() + 8, msg, 6) == 0);
+  // The trace: the two datagrams, as IPv4/UDP from a to b.
+  a.reset();   // (closes the file)
+  FILE *f = fopen(path.c_str(), "rb");
+  REQUIRE(f);
+  std::vector<uint8_t> file(4096);
+  file.resize(fread(file.data(), 1, file.size(), f));
+  fclose(f);
+  size_t at = 24;   // the pcap header
+  for (size_t k = 0; k < 2; k++) {
+    INFO("record " << k);
+    REQUIRE(file.size() >= at + 16 + 28);
+    uint32_t caplen;
+    std::memcpy(&caplen, &file[at + 8], 4);
+    const uint8_t *ip = &file[at + 16];
+    REQUIRE(caplen == 28 + got[k].size());
+    REQUIRE(file.size() >= at + 16 + caplen);
+    CHECK((ip[22] << 8 | ip[23]) == to.port);   // UDP destination port
+    CHECK(std::equal(got[k].begin(), got[k].end(), ip + 28));
+    at += 16 + caplen;
+  }
+  CHECK(at == file.size());   // nothing else: placed data is not a datagram
+}
+
 TEST_CASE("shm: a writer that may not ptrace the owner gets no ring, and uses the socket", "[nic]") {
   constexpr uint16_t kBase = 26290;
   auto owner = shm_nic({0x7f000001, kBase});
@@ -792,7 +857,7 @@ TEST_CASE("shm: a writer that may not ptrace the owner gets no ring, and uses th
     c->add_peer(to);
     net::RxPacket out[8];
     for (uint64_t end = wall_ns() + 300'000'000ull; wall_ns() < end;) c->recv({out, 8});
-    if (c->cheap_send(to)) _exit(1);   // it got the ring
+    if (c->local_peers()->cheap_send(to)) _exit(1);   // it got the ring
     // A datagram still arrives, over the socket.
     uint32_t v = 42;
     iovec iov{&v, sizeof v};

@@ -13,11 +13,14 @@
 #include <set>
 
 #include "usrc/net/sim.h"
+#include "usrc/net/trace.h"
 #include "usrc/progress_policy.h"
 #include "usrc/rc/engine.h"
 #include "usrc/rc/psn.h"
 #include "usrc/wire/icrc.h"
 #include "usrc/wire/packet.h"
+
+#include "temp_dir.h"
 
 using namespace usrc;
 using namespace usrc::rc;
@@ -49,13 +52,24 @@ struct Pair {
   Side a, b;
   static constexpr uint16_t kBase = 20000;
 
+  // trace: each engine's NIC is traced (net::TraceNic), a's to trace + "a",
+  // b's to trace + "b".
   explicit Pair(uint64_t seed, net::SimFaults f = {}, uint32_t pmtu = 1024, uint32_t psn_a = 0,
-                uint32_t psn_b = 0, uint32_t depth = 4096)
+                uint32_t psn_b = 0, uint32_t depth = 4096, const std::string &trace = {})
       : net(seed, f) {
     net::Endpoint ea{0x0a000001, kBase + 1}, eb{0x0a000002, kBase + 2};
     auto clock = [this] { return net.now(); };
-    a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, kBase, clock, &a.mem, nullptr);
-    b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, kBase, clock, &b.mem, nullptr);
+    auto nic = [&](net::Endpoint e, const char *side) {
+      std::unique_ptr<net::Nic> n = std::make_unique<net::SimNic>(net, e);
+      if (trace.empty()) return n;
+      std::string err;
+      auto t = net::TraceNic::wrap(n, trace + side, &err);
+      INFO(err);
+      REQUIRE(t);
+      return t;
+    };
+    a.e = std::make_unique<Engine>(nic(ea, "a"), 1, kBase, clock, &a.mem, nullptr);
+    b.e = std::make_unique<Engine>(nic(eb, "b"), 2, kBase, clock, &b.mem, nullptr);
     a.qp = a.e->create_qp(depth, depth);
     b.qp = b.e->create_qp(depth, depth);
     connect(a, *a.qp, b.qp->qpn, eb, pmtu, psn_a, psn_b);
@@ -352,6 +366,76 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     CHECK(rcv[1].status == WcStatus::loc_len_err);
     CHECK(std::all_of(rx.begin() + 100, rx.end(), [](uint8_t x) { return x == 0; }));
   }
+}
+
+namespace {
+
+// The UDP payloads of the packets in a pcap file TraceNic wrote (raw IPv4,
+// 28 bytes of IPv4 and UDP header before each).
+std::vector<std::vector<uint8_t>> pcap_payloads(const std::string &path) {
+  std::vector<std::vector<uint8_t>> out;
+  FILE *f = fopen(path.c_str(), "rb");
+  REQUIRE(f);
+  uint8_t h[24];
+  REQUIRE(fread(h, 1, sizeof h, f) == sizeof h);
+  for (uint32_t r[4]; fread(r, 1, sizeof r, f) == sizeof r;) {
+    std::vector<uint8_t> pkt(r[2]);
+    REQUIRE(fread(pkt.data(), 1, pkt.size(), f) == pkt.size());
+    REQUIRE(pkt.size() >= 28);
+    out.emplace_back(pkt.begin() + 28, pkt.end());
+  }
+  fclose(f);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("tracing a same-host pair changes nothing, and the trace holds the packets built in place", "[sim][trace]") {
+  // The same seeded run twice, untraced and traced: the same packets on the
+  // same paths (built in place in the peer's ring, as the shared-memory
+  // NIC offers it) and every counter alike; the trace holds every packet
+  // each side sent and received.
+  const TempDir dir("usrc-simtrace");
+  const std::string prefix = dir.path + "/";
+  struct Run {
+    std::array<uint64_t, kNumCounters> a, b;
+    net::SimNetwork::Stats net;
+  };
+  auto run = [&](const std::string &trace) {
+    net::SimFaults f;
+    f.drop = 0.02;   // (resends and ACKs of every kind)
+    Pair p(57, f, 1024, 0, 0, 4096, trace);
+    p.same_host();
+    send_messages(p, 300, 300, 11);
+    Run r;
+    std::copy_n(p.a.e->counters, kNumCounters, r.a.begin());
+    std::copy_n(p.b.e->counters, kNumCounters, r.b.begin());
+    r.net = p.net.stats;
+    return r;
+  };
+  const Run plain = run({}), traced = run(prefix);
+  CHECK(plain.net.in_place > 0);
+  CHECK(traced.net.in_place == plain.net.in_place);
+  CHECK(traced.net.sent == plain.net.sent);
+  for (uint32_t i = 0; i < kNumCounters; i++) {
+    INFO("counter " << i);
+    CHECK(traced.a[i] == plain.a[i]);
+    CHECK(traced.b[i] == plain.b[i]);
+  }
+  const auto a = pcap_payloads(prefix + "a"), b = pcap_payloads(prefix + "b");
+  auto sent_and_received = [](const std::array<uint64_t, kNumCounters> &c) {
+    return c[uint32_t(Counter::tx_packets)] + c[uint32_t(Counter::rx_packets)];
+  };
+  CHECK(a.size() == sent_and_received(traced.a));
+  CHECK(b.size() == sent_and_received(traced.b));
+  // Every SEND a made, among them the ones built in place, is in a's trace.
+  std::set<uint32_t> psns;
+  for (const auto &pkt : a)
+    if (pkt.size() >= wire::kBthLen &&
+        (wire::Opcode(wire::bth::opcode(pkt.data())) == wire::Opcode::RC_SEND_ONLY ||
+         wire::Opcode(wire::bth::opcode(pkt.data())) == wire::Opcode::RC_SEND_ONLY_IMM))
+      psns.insert(wire::bth::psn(pkt.data()));
+  CHECK(psns.size() == 300);
 }
 
 TEST_CASE("PSNs roll over from FFFFFFh to 0", "[sim]") {
@@ -1023,7 +1107,7 @@ namespace {
 // A NIC with segmentation offload over the simulated network: it records
 // the opcodes of the segments of each send the engine makes and delivers
 // every segment as a datagram of its own.
-struct GsoNic final : net::Nic {
+struct GsoNic final : net::Nic, net::LocalPeers {
   net::SimNic inner;
   std::vector<std::vector<uint8_t>> sends;
   bool cheap = false;   // cheap_send(): like a shared-memory ring
@@ -1036,6 +1120,7 @@ struct GsoNic final : net::Nic {
   int wait_fd() const override { return -1; }
   uint32_t gso_segments() const override { return segs; }
   bool cheap_send(net::Endpoint) override { return cheap; }
+  net::LocalPeers *local_peers() override { return this; }
   size_t recv(std::span<net::RxPacket> out) override { return inner.recv(out); }
   size_t send(std::span<const net::TxPacket> pkts) override {
     size_t n = 0;

@@ -42,6 +42,7 @@ class OfiNic final : public Nic {
   int wait_fd() const override { return wait_fd_; }
 
   void add_peer(Endpoint e) override { (void)lookup(e); }
+  LocalPeers *local_peers() override { return nullptr; }
 
   size_t send(std::span<const TxPacket> pkts) override {
     size_t sent = 0;

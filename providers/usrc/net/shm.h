@@ -8,7 +8,7 @@
 // transport and place data into its memory, so it grants no more than
 // ptrace would (same user or CAP_SYS_PTRACE, a dumpable owner, Yama). The
 // owner also hands over its UDP socket, which shows the writer that it
-// talks to the endpoint's holder. See "The handshake" in shm.cpp. A
+// talks to the endpoint's holder. See "The handshake" in shm_registry.cpp. A
 // datagram to a peer whose ring we hold goes into that ring (no system
 // call, one copy); everything else, every peer that refused us or has no
 // ring, and every peer until the handshake is done, takes the inner NIC.
@@ -22,12 +22,16 @@
 // full ring is back-pressure, not loss: what does not fit waits in the
 // sender's backlog for that peer (taken on, in order, at the next send or
 // receive), and the transport sends the peer nothing new meanwhile
-// (Nic::tx_blocked).
+// (LocalPeers::tx_blocked).
 //
 // Wake-ups: the consumer's progress thread sleeps on the UDP socket. Before
 // sleeping it raises the ring's `sleeping` flag and looks once more; a
 // producer that sees the flag after publishing sends a small doorbell
 // datagram over UDP, which wakes it and is then discarded.
+//
+// The code: shm_ring.cpp (the ring and its consumer), shm_registry.cpp
+// (making, naming and handing over rings; the handshake), shm_place.cpp
+// (direct placement); shm_layout.h, what they share.
 #pragma once
 
 #include <atomic>
@@ -42,26 +46,27 @@ namespace usrc::net {
 struct ShmRing;
 struct ShmSlot;
 
-class ShmNic final : public Nic {
+class ShmNic final : public NicDecorator, public LocalPeers {
  public:
   // Creates our ring and wraps `inner`; nullptr (inner untouched) with *err
   // set if the ring cannot be created.
   static std::unique_ptr<Nic> wrap(std::unique_ptr<Nic> &inner, std::string *err);
   ~ShmNic() override;
 
-  Endpoint local() const override { return inner_->local(); }
-  int wait_fd() const override { return inner_->wait_fd(); }
+  // The datagram NIC: the ring for peers that granted theirs, the inner
+  // NIC for the rest.
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
-  uint32_t gso_segments() const override { return inner_->gso_segments(); }
+  bool rx_pending() const override;
+  void add_peer(Endpoint e) override;
+  bool prepare_wait() override;
+  void end_wait() override;
+  LocalPeers *local_peers() override { return this; }
+
+  // LocalPeers: building in a peer's ring, its back-pressure.
   bool cheap_send(Endpoint dst) override { return ring_of(find_peer(dst)) != nullptr; }
   uint8_t *tx_begin(Endpoint dst, uint16_t src_port, size_t *room) override;
   void tx_end(size_t len, size_t seg) override;
-  bool rx_pending() const override;
-  void add_peer(Endpoint e) override;
-  bool same_host(Endpoint e) const override { return inner_->same_host(e); }
-  bool prepare_wait() override;
-  void end_wait() override;
   bool tx_blocked(Endpoint dst) override;
   bool tx_pending() const override { return backlog_peers_ != 0; }
   // Direct placement into a peer context's memory: ours (the ring's owner
@@ -128,7 +133,6 @@ class ShmNic final : public Nic {
   void prefetch_next(ShmRing &r, uint64_t pos, size_t len);
   void ring_if_asleep(ShmRing &r, Endpoint dst);
 
-  std::unique_ptr<Nic> inner_;
   ShmRing *own_;
   int own_fd_;      // the ring's memfd
   int listen_fd_;   // where writers ask for it

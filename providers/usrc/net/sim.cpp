@@ -58,6 +58,7 @@ uint8_t *SimNic::tx_begin(Endpoint dst, uint16_t, size_t *room) {
 void SimNic::tx_end(size_t len, size_t seg) {
   for (size_t off = 0; off < len; off += seg) {
     iovec iov{tx_buf_.data() + off, std::min(seg, len - off)};
+    net_.stats.in_place++;
     net_.submit(local_, TxPacket{tx_dst_, &iov, 1});
   }
 }

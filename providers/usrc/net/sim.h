@@ -32,7 +32,10 @@ class SimNetwork {
   // A NIC that is partitioned away drops everything it sends and receives.
   void set_partitioned(Endpoint e, bool p) { partitioned_[key(e)] = p; }
 
-  struct Stats { uint64_t sent = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0; };
+  struct Stats {
+    uint64_t sent = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0;
+    uint64_t in_place = 0;   // datagrams built in place (LocalPeers::tx_end), of sent
+  };
   Stats stats;
   // The network is one host's loopback: every SimNic calls its peers
   // same_host.
@@ -56,7 +59,7 @@ class SimNetwork {
   std::map<uint64_t, bool> partitioned_;
 };
 
-class SimNic final : public Nic {
+class SimNic final : public Nic, public LocalPeers {
  public:
   SimNic(SimNetwork &net, Endpoint local) : net_(net), local_(local) {}
   Endpoint local() const override { return local_; }
@@ -69,6 +72,7 @@ class SimNic final : public Nic {
   bool cheap_send(Endpoint) override { return net_.loopback; }
   uint8_t *tx_begin(Endpoint dst, uint16_t src_port, size_t *room) override;
   void tx_end(size_t len, size_t seg) override;
+  LocalPeers *local_peers() override { return this; }
 
  private:
   SimNetwork &net_;

@@ -62,6 +62,10 @@ std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::stri
   return std::unique_ptr<Nic>(new TraceNic(std::move(inner), f));
 }
 
+TraceNic::TraceNic(std::unique_ptr<Nic> inner, FILE *f) : NicDecorator(std::move(inner)), f_(f) {
+  if (LocalPeers *lp = inner_->local_peers()) peers_.emplace(*lp, *this);
+}
+
 TraceNic::~TraceNic() { fclose(f_); }
 
 // Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
@@ -137,6 +141,28 @@ size_t TraceNic::recv(std::span<RxPacket> out) {
   }
   if (n) fflush(f_);
   return n;
+}
+
+uint8_t *TraceNic::Peers::tx_begin(Endpoint dst, uint16_t src_port, size_t *room) {
+  buf_ = inner_.tx_begin(dst, src_port, room);
+  dst_ = dst;
+  src_port_ = src_port;
+  return buf_;
+}
+
+// Recorded as send() records a segmented packet, before the datagrams are
+// handed on (after that the slot is the receiver's). The IP TOS and TTL
+// are not in a ring: 0, as a received datagram's.
+void TraceNic::Peers::tx_end(size_t len, size_t seg) {
+  const Endpoint me = t_.inner_->local();
+  const size_t step = seg ? seg : len;
+  uint16_t k = 0;
+  for (size_t off = 0; off < len; off += step, k++) {
+    iovec v{buf_ + off, std::min(step, len - off)};
+    t_.record({me.ip, src_port_ ? src_port_ : me.port}, dst_, 0, 0, k, &v, 1);
+  }
+  fflush(t_.f_);
+  inner_.tx_end(len, seg);
 }
 
 }  // namespace usrc::net

@@ -132,6 +132,7 @@ class XdpNic final : public Nic {
   }
   Endpoint local() const override { return local_; }
   int wait_fd() const override { return xsk_ ? xsk_socket__fd(xsk_) : -1; }
+  LocalPeers *local_peers() override { return nullptr; }
 
   void add_peer(Endpoint e) override {
     uint8_t mac[6];

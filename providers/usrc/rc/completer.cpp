@@ -385,7 +385,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       return;
     }
     qp.rto_deadline = 0;
-    if (nic_->tx_blocked(qp.peer)) {
+    if (lp_->tx_blocked(qp.peer)) {
       // The receiver has not even taken what we sent (its ring is full,
       // the NIC holds the rest): slow, not lossy. Resending would only
       // queue copies behind the originals; the Local ACK Timeout still runs.

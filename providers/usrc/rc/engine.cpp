@@ -14,7 +14,9 @@ namespace usrc::rc {
 
 Engine::Engine(std::unique_ptr<net::Nic> nic, uint32_t slot, uint16_t base_port, Clock clock,
                MemoryAccess *mem, EngineHooks *hooks)
-    : nic_(std::move(nic)), slot_(slot), base_port_(base_port), clock_(std::move(clock)),
+    : nic_(std::move(nic)),
+      lp_(nic_->local_peers() ? nic_->local_peers() : &no_local_peers_),
+      slot_(slot), base_port_(base_port), clock_(std::move(clock)),
       mem_(mem), hooks_(hooks), qps_(kQpsPerSlot, nullptr), tx_slots_(new TxSlot[kTxBatch]),
       tx_iov_(new iovec[kTxBatch * kIovPerPkt]), tun_(Tunables::get()) {
   guard::install();
@@ -107,7 +109,7 @@ void Engine::set_state(Qp &qp, QpState s) {
   // that closes since makes tx_begin() fail, and the packets go the usual
   // way.)
   if (s == QpState::rtr || s == QpState::rts)
-    qp.in_place = qp.local_path && !tun_.icrc_local && nic_->cheap_send(qp.peer);
+    qp.in_place = qp.local_path && !tun_.icrc_local && lp_->cheap_send(qp.peer);
   switch (s) {
     case QpState::reset:
       qp.sq.clear();
@@ -161,7 +163,7 @@ void Engine::update_gate(Qp &qp, bool live) {
                      qp.state == QpState::sqd) &&
                     (qp.access & kAccessRemoteWrite) && qp.local_path && qp.pd;
   if (!open && !qp.gate_open) return;
-  const bool listed = nic_->set_gate(
+  const bool listed = lp_->set_gate(
       qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.dest_qpn, qp.peer} : net::Gate{});
   if (open && !listed && !qp.gate_open) count(Counter::direct_unlisted);   // once per opening
   qp.gate_open = open;
@@ -267,11 +269,11 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   // sendmmsg. Where sending is cheap, a batch of kTxEager goes at once.
   const bool in_flight = qp.una_psn != qp.tx_high;
   if (!send_single(qp, w)) requester_tx(qp);
-  if (!in_flight || (tx_nslots_ >= kTxEager && nic_->cheap_send(qp.peer))) tx_flush();
+  if (!in_flight || (tx_nslots_ >= kTxEager && lp_->cheap_send(qp.peer))) tx_flush();
   check_faults();
 }
 
-// Direct placement (net::Nic::place): an RDMA WRITE to a peer on this host
+// Direct placement (net::LocalPeers::place): an RDMA WRITE to a peer on this host
 // that has exposed the memory and opened its gate to this QP is written
 // into that memory now, and completes at once. Only when every WQE before
 // it on this QP was placed too (so nothing sent earlier can land after it)
@@ -287,7 +289,7 @@ bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
     return false;
   iovec iov[kMaxSge];
   for (uint32_t i = 0; i < wr.num_sge; i++) iov[i] = {wr.sge[i].addr, wr.sge[i].length};
-  return nic_->place(qp.peer, qp.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
+  return lp_->place(qp.peer, qp.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
 }
 
 void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv) {
@@ -307,8 +309,17 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-size_t Engine::progress(bool app, uint64_t now) {
+size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   Pass pass(*this, now ? now : clock_());
+  struct Direct {   // the poller's array, for this pass only
+    Engine &e;
+    DirectWc *to;
+    ~Direct() {
+      if (to) to->n = e.direct.n;
+      e.direct = {};
+    }
+  } scope{*this, to};
+  if (to) direct = *to;
   if (placed_since_pass.load(std::memory_order_relaxed))
     placed_since_pass.store(false, std::memory_order_relaxed);
   const auto &t = tun_;
@@ -363,7 +374,7 @@ size_t Engine::progress(bool app, uint64_t now) {
     const size_t i = start + k < nlive ? start + k : start + k - nlive;
     Qp *qp = live_[i];
     if (qp->tx_psn == qp->next_psn) continue;
-    if (nic_->tx_blocked(qp->peer)) {
+    if (lp_->tx_blocked(qp->peer)) {
       if (!blocked) tx_next_ = i;
       blocked = true;
       continue;
@@ -616,7 +627,7 @@ void Engine::send_batch() {
   grp_open_ = false;
   // Packets the NIC holds for a receiver that has no room yet: a pass soon
   // hands them on (and sends what waits behind them).
-  if (nic_->tx_pending()) arm_timer(stamp() + kTxRetryNs);
+  if (lp_->tx_pending()) arm_timer(stamp() + kTxRetryNs);
 }
 
 }  // namespace usrc::rc

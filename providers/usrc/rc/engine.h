@@ -111,26 +111,30 @@ class Engine {
   // to send is ACKs, they wait (once) for the next transmit, so that a
   // reply posted at once leaves with them in one system call.
   // now: the caller's clock reading, if it has one (0: read it here).
+  // direct: a poller's array this pass may write receive completions
+  // into (DirectWc); its n is set to how many it wrote.
   // Returns how many packets it received.
-  size_t progress(bool app = false, uint64_t now = 0);
+  struct DirectWc;
+  size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
   // A poller's array that progress() may write the receive completions of
   // one CQ into, straight, instead of that CQ's ring (a poll that found
   // the ring empty: the completion is then written once, not pushed,
   // taken and converted). Used only while that CQ is idle() (nothing older
   // in its ring, no arm): the poller returns these first, then what the
-  // ring took after them. Set by the caller around one pass; n counts what
-  // was written.
+  // ring took after them. n counts what was written.
   struct DirectWc {
     const Cq *cq = nullptr;
     Wc *wc = nullptr;
     uint32_t room = 0, n = 0;
   };
-  DirectWc direct;
   // Absolute time (clock units, ns) of the next timer, or UINT64_MAX. The
   // one read that needs no lock: kick() makes it after releasing the lock,
   // while another thread may hold it.
   uint64_t next_deadline() const { return next_deadline_.load(std::memory_order_relaxed); }
   net::Nic &nic() { return *nic_; }
+  // The NIC's same-host short cuts (net::LocalPeers), or one that has none
+  // (whose calls answer "not here").
+  net::LocalPeers &local_peers() { return *lp_; }
   uint64_t now() const { return clock_(); }
 
   // The protocol counters (Counter), counted under mu: in the engine, or
@@ -248,9 +252,12 @@ class Engine {
     }
   };
   mutable uint64_t pass_time_ = 0;   // 0: not in a pass, or not read yet
+  DirectWc direct;   // progress()'s direct, for this pass (empty outside one)
   bool in_pass_ = false;
 
   std::unique_ptr<net::Nic> nic_;
+  net::LocalPeers no_local_peers_;
+  net::LocalPeers *const lp_;   // nic_->local_peers(), else &no_local_peers_
   uint32_t slot_;
   uint16_t base_port_;
   Clock clock_;
@@ -274,9 +281,9 @@ class Engine {
   // GSO) by extending the iovecs of the one before.
   static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
   // Packets a post_send sends at once to a peer where that is cheap
-  // (net::Nic::cheap_send): about a shared-memory ring slot of 64 B sends.
+  // (net::LocalPeers::cheap_send): about a shared-memory ring slot of 64 B sends.
   static constexpr size_t kTxEager = 16;
-  // How soon a pass looks again at packets the NIC holds (Nic::tx_pending).
+  // How soon a pass looks again at packets the NIC holds (LocalPeers::tx_pending).
   static constexpr uint64_t kTxRetryNs = 50'000;
   size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec

@@ -23,7 +23,7 @@ using wire::Opcode;
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
   if (qp.rnr_deadline) return;   // waiting out an RNR NAK
-  if (nic_->tx_blocked(qp.peer)) return;   // the peer's ring is full: what waits goes first
+  if (lp_->tx_blocked(qp.peer)) return;   // the peer's ring is full: what waits goes first
   if (qp.state == QpState::rts && !qp.rate_bps && qp.in_place)
     while (qp.tx_psn != qp.next_psn && send_direct(qp)) {
     }
@@ -102,7 +102,7 @@ void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
 bool Engine::send_single(Qp &qp, SendWqe &w) {
   if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps ||
       qp.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence) ||
-      nic_->tx_blocked(qp.peer))
+      lp_->tx_blocked(qp.peer))
     return false;
   const uint32_t wnd = qp.send_window();
   const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
@@ -168,7 +168,7 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
 
 // Sends the small messages at the head of qp's unsent ones (each one
 // packet, posted by post_small), as far as the window allows, built
-// straight into a slot of the peer's ring (net::Nic::tx_begin): no
+// straight into a slot of the peer's ring (net::LocalPeers::tx_begin): no
 // transmit batch, no copy after the build. A slot takes packets of one
 // size (the last may be shorter) and at most 64 of them (the segment index
 // in the BTH); pad and ICRC are zeros (a peer on this host, see
@@ -220,19 +220,19 @@ bool Engine::send_direct(Qp &qp) {
   return true;
 }
 
-// A slot of the ring of qp's peer to build packets in (net::Nic::tx_begin),
+// A slot of the ring of qp's peer to build packets in (net::LocalPeers::tx_begin),
 // after what is built already (it leaves first); nullptr if there is none.
 uint8_t *Engine::ring_slot(const Qp &qp, size_t *cap) {
   if (tx_nslots_) send_batch();
-  return nic_->tx_begin(qp.peer, qp.sport, cap);
+  return lp_->tx_begin(qp.peer, qp.sport, cap);
 }
 
 // The ring slot holds len bytes, packets of seg bytes (the last may be
-// shorter), n of them: published (net::Nic::tx_end) and counted.
+// shorter), n of them: published (net::LocalPeers::tx_end) and counted.
 void Engine::ring_slot_done(size_t len, size_t seg, uint32_t n) {
   count(Counter::tx_packets, n);
   count(Counter::tx_bytes, len);
-  nic_->tx_end(len, seg);
+  lp_->tx_end(len, seg);
 }
 
 // sent() for k one-packet WQEs from tx_psn on.

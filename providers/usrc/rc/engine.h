@@ -69,13 +69,23 @@ class Engine {
   // its packets leave from that port; from its own port where that one
   // could not be bound, see UdpNic::source_fd).
   static bool from_peer(const Qp &qp, net::Endpoint src) {
-    return src.ip == qp.peer.ip && (src.port == qp.peer.port || (qp.sport && src.port == qp.sport));
+    return src.ip == qp.attr.peer.ip && (src.port == qp.attr.peer.port || (qp.attr.sport && src.port == qp.attr.sport));
   }
+  // One modify_qp, as the verbs glue (or a test) hands it over once it has
+  // checked it (the attributes' values and the state transition, IBA
+  // 10.3.1, are the glue's): the QP's attributes after the change, the
+  // PSNs it sets, the state it moves to.
+  struct QpChange {
+    QpAttrs attr;
+    bool new_peer = false;   // attr.peer given (AV or destination QPN): look its path up
+    bool set_rq_psn = false, set_sq_psn = false;
+    uint32_t rq_psn = 0, sq_psn = 0;
+    QpState state = QpState::reset;
+  };
+  void modify(Qp &qp, const QpChange &c);
   // Moves the QP to a new state with the IBA side effects (flush on ERR,
   // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
   void set_state(Qp &qp, QpState s);
-  void set_sq_psn(Qp &qp, uint32_t psn);
-  void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & kPsnMask; }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
   // The same in two steps, without a copy of the WR: the slot the next
@@ -90,9 +100,9 @@ class Engine {
   // glue's short cut for a lone small SEND (post_small_send in qp.cpp)
   // fills the slot itself and calls post_small() when this holds.
   bool small_ready(const Qp &qp, uint64_t len) const {
-    return qp.in_place && len <= kTxCopy && len <= qp.pmtu && qp.state == QpState::rts &&
-           !qp.rnr_deadline && !qp.rate_bps &&
-           (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0));
+    return qp.local.in_place && len <= kTxCopy && len <= qp.attr.pmtu && qp.state == QpState::rts &&
+           !qp.comp.rnr_deadline && !qp.attr.rate_bps &&
+           (qp.req.tx_psn == qp.req.next_psn || (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
@@ -151,6 +161,8 @@ class Engine {
   uint32_t hold_max;              // requests kept beyond a gap (USRC_RX_HOLD)
 
  private:
+  void set_sq_psn(Qp &qp, uint32_t psn);
+  void set_rq_psn(Qp &qp, uint32_t psn) { qp.resp.epsn = psn & kPsnMask; }
   // requester.cpp
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);

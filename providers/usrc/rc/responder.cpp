@@ -13,7 +13,7 @@ namespace usrc::rc {
 using wire::Opcode;
 
 void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
-  if (!qp.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
+  if (!qp.local.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
   switch (wire::aeth_type(syndrome)) {
     case wire::AckType::ack: count(Counter::acks_sent); break;
     case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
@@ -23,14 +23,14 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
   }
 }
 
-// The ACK (or NAK) of a QP whose peer's ring we build in (Qp::in_place),
+// The ACK (or NAK) of a QP whose peer's ring we build in (LocalPath::in_place),
 // straight into a slot of it, after what is built already; false if there
 // is no slot.
 bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
   size_t cap = 0;
   uint8_t *const p = ring_slot(qp, &cap);   // (behind what is built: READ responses before their ACK)
   if (!p) return false;
-  const size_t hl = wire::put_ack(p, syndrome, qp.msn, qp.dest_qpn, psn);
+  const size_t hl = wire::put_ack(p, syndrome, qp.resp.msn, qp.attr.dest_qpn, psn);
   std::memset(p + hl, 0, wire::kIcrcLen);   // (a peer on this host)
   ring_slot_done(hl + wire::kIcrcLen, hl + wire::kIcrcLen, 1);
   return true;
@@ -40,9 +40,9 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE);
   h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.dest_qp = qp.attr.dest_qpn;
   h.bth.psn = psn;
-  h.aeth = {syndrome, qp.msn};
+  h.aeth = {syndrome, qp.resp.msn};
   TxSlot &s = tx_slot();
   size_t hl = wire::build_headers(h, 0, s.hdr);
   tx_commit(qp, hl, 0, 0);
@@ -52,7 +52,7 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // NAKed with code, the QP to the error state, the async event ev.
 void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
   send_ack(qp, wire::aeth_nak(code), psn);
-  qp.nak_sent = true;
+  qp.resp.nak_sent = true;
   set_state(qp, QpState::err);
   if (hooks_) hooks_->qp_event(qp, ev);
 }
@@ -60,7 +60,7 @@ void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
 void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
                            uint32_t imm_be, bool solicited) {
   const RecvWqe &r = qp.rq.front();
-  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn, qp.dlid, stamp()});
+  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn, qp.attr.dlid, stamp()});
   qp.rq.pop();
 }
 
@@ -98,20 +98,20 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   const uint32_t qpn = wire::bth::qpn(pkts[0].data);
   Qp *qp = find_qp(qpn);
   // No ICRC is accepted only from this host: the QP's peer, on a local path.
-  if (!qp || !qp->local_path || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->comm_est ||
-      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg || qp->held)
+  if (!qp || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
+      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->resp.in_msg || qp->resp.held)
     return 0;
-  uint32_t epsn = qp->epsn, last_len = 0;
+  uint32_t epsn = qp->resp.epsn, last_len = 0;
   bool ack = false;
   uint64_t bytes = 0;
   // What the run needs of the QP, read once: the payload copies store
   // through byte pointers, after which the compiler would read every QP
   // field again. The receives are walked by pointer and popped together.
-  const uint32_t pmtu = qp->pmtu;
+  const uint32_t pmtu = qp->attr.pmtu;
   const uint64_t posted = qp->rq.tail - qp->rq.head;
   RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
   Cq *const cq = qp->recv_cq;
-  Completion c{0, WcStatus::success, WcOpcode::recv, false, false, 0, 0, qp->qpn, qp->dest_qpn, qp->dlid, stamp()};
+  Completion c{0, WcStatus::success, WcOpcode::recv, false, false, 0, 0, qp->qpn, qp->attr.dest_qpn, qp->attr.dlid, stamp()};
   // Straight into a poller's array while it has room (see DirectWc), then
   // into the ring.
   Wc *out = nullptr, *out_end = nullptr;
@@ -119,8 +119,8 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     out = direct.wc + direct.n;
     out_end = direct.wc + direct.room;
   }
-  const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->dest_qpn,
-               0, 0, qp->dlid, 0, 0};
+  const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->attr.dest_qpn,
+               0, 0, qp->attr.dlid, 0, 0};
   const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
   size_t k = 0;
   for (; k < n && k < posted; k++) {   // (none posted: the general path sends the RNR NAK)
@@ -177,14 +177,14 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   if (!k) return 0;
   count(Counter::rx_packets, k);
   count(Counter::rx_bytes, bytes);
-  qp->recv_offset = last_len;
-  qp->in_send = true;
-  qp->msn = msn_add(qp->msn, static_cast<uint32_t>(k));
-  qp->epsn = epsn;
-  qp->nak_sent = false;
+  qp->resp.recv_offset = last_len;
+  qp->resp.in_send = true;
+  qp->resp.msn = msn_add(qp->resp.msn, static_cast<uint32_t>(k));
+  qp->resp.epsn = epsn;
+  qp->resp.nak_sent = false;
   if (ack) {
-    if (!qp->ack_pending) ack_list_.push_back(qp);
-    qp->ack_pending = true;
+    if (!qp->resp.ack_pending) ack_list_.push_back(qp);
+    qp->resp.ack_pending = true;
   }
   return k;
 }
@@ -197,8 +197,8 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
 void Engine::hold(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
   if (!hold_max) return;
-  if (static_cast<uint32_t>(psn_diff(psn, qp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) {
-    qp.hold_missed = true;
+  if (static_cast<uint32_t>(psn_diff(psn, qp.resp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) {
+    qp.resp.hold_missed = true;
     return;
   }
   if (held_.empty()) held_.resize(hold_max);   // (the first loss of the context)
@@ -211,7 +211,7 @@ void Engine::hold(Qp &qp, const PacketView &v) {
     if (!h.qp && !room) room = &h;
   }
   if (!room) {
-    qp.hold_missed = true;
+    qp.resp.hold_missed = true;
     return;
   }
   if (!room->data) room->data = std::make_unique_for_overwrite<uint8_t[]>(kHoldBytes);
@@ -219,7 +219,7 @@ void Engine::hold(Qp &qp, const PacketView &v) {
   room->v = v;
   room->v.p.payload = room->data.get();
   room->qp = &qp;
-  qp.held++;
+  qp.resp.held++;
   count(Counter::held);
 }
 
@@ -232,14 +232,14 @@ void Engine::hold(Qp &qp, const PacketView &v) {
 // from there, see Engine::sel_acked.)
 void Engine::drain_held(Qp &qp) {
   bool took = false;
-  for (bool again = true; again && qp.held;) {
+  for (bool again = true; again && qp.resp.held;) {
     again = false;
     for (Held &h : held_) {
       if (h.qp != &qp) continue;
-      const int32_t d = psn_diff(h.v.psn(), qp.epsn);
+      const int32_t d = psn_diff(h.v.psn(), qp.resp.epsn);
       if (d > 0) continue;
       h.qp = nullptr;   // (its copy stays valid: nothing is kept meanwhile)
-      qp.held--;
+      qp.resp.held--;
       if (d < 0) continue;
       if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::err) {
         drop_held(qp);
@@ -249,23 +249,23 @@ void Engine::drain_held(Qp &qp) {
       took = again = true;
     }
   }
-  if (took && (qp.held || qp.hold_missed) && !qp.nak_sent) {
-    qp.nak_sent = true;
-    send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
+  if (took && (qp.resp.held || qp.resp.hold_missed) && !qp.resp.nak_sent) {
+    qp.resp.nak_sent = true;
+    send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
   }
-  if (!qp.held) qp.hold_missed = false;
+  if (!qp.resp.held) qp.resp.hold_missed = false;
 }
 
 void Engine::drop_held(Qp &qp) {
   for (Held &h : held_)
     if (h.qp == &qp) h.qp = nullptr;
-  qp.held = 0;
-  qp.hold_missed = false;
+  qp.resp.held = 0;
+  qp.resp.hold_missed = false;
 }
 
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
-  const int32_t d = psn_diff(psn, qp.epsn);
+  const int32_t d = psn_diff(psn, qp.resp.epsn);
   const uint32_t mask = v.p.info->mask;
   if (d < 0) {
     // Duplicate (IBA 9.7.5.2.2): already executed; acknowledge again so a
@@ -274,8 +274,8 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     count(Counter::duplicates);
     if (mask & wire::IS_READ) return read_request(qp, v, true);
     if (mask & wire::IS_ATOMIC) return atomic_request(qp, v, true);
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
+    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
+    qp.resp.ack_pending = true;
     return;
   }
   if (d > 0) {
@@ -284,9 +284,9 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     // then (hold): the requester need resend only the lost ones.
     if ((mask & (wire::IS_SEND | wire::IS_WRITE)) && v.opcode() != uint8_t(Opcode::USRC_WRITE_PLACED))
       hold(qp, v);
-    if (!qp.nak_sent) {
-      qp.nak_sent = true;
-      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
+    if (!qp.resp.nak_sent) {
+      qp.resp.nak_sent = true;
+      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
     }
     return;
   }
@@ -298,7 +298,7 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
   auto invalid = [&] {
     // C9-...: an invalid request is NAKed and the responder's QP fails.
     send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.nak_sent = true;
+    qp.resp.nak_sent = true;
     set_state(qp, QpState::err);
     if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
   };
@@ -306,39 +306,39 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
   if (v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)) {
     // The requester wrote the data into our memory itself, through the
     // gate this QP opened (Engine::update_gate): take its PSN, acknowledge.
-    if (qp.in_msg) return invalid();
-    if (!qp.comm_est) {
-      qp.comm_est = true;
+    if (qp.resp.in_msg) return invalid();
+    if (!qp.resp.comm_est) {
+      qp.resp.comm_est = true;
       if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
     }
-    qp.msn = msn_add(qp.msn, 1);
-    qp.epsn = psn_add(qp.epsn, 1);
-    qp.nak_sent = false;
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
+    qp.resp.msn = msn_add(qp.resp.msn, 1);
+    qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+    qp.resp.nak_sent = false;
+    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
+    qp.resp.ack_pending = true;
     return;
   }
   if (!is_send && !is_write) {   // READ or ATOMIC
     // No responder resources (max_dest_rd_atomic 0): the QP takes no
     // READ or ATOMIC at all.
-    if (qp.in_msg || qp.max_dest_rd_atomic == 0) return invalid();
-    qp.nak_sent = false;
+    if (qp.resp.in_msg || qp.attr.max_dest_rd_atomic == 0) return invalid();
+    qp.resp.nak_sent = false;
     if (mask & wire::IS_READ) return read_request(qp, v, false);
     return atomic_request(qp, v, false);
   }
   // Opcode sequence (IBA 9.7.4.2.2): FIRST/ONLY start a message, MIDDLE/
   // LAST continue one of the same kind.
-  if (first == qp.in_msg || (qp.in_msg && qp.in_send != is_send)) {
+  if (first == qp.resp.in_msg || (qp.resp.in_msg && qp.resp.in_send != is_send)) {
     invalid();
     return;
   }
   // Payload sizes (C9-...): FIRST and MIDDLE are exactly one PMTU.
-  if ((!last && len != qp.pmtu) || len > qp.pmtu || (last && !first && len == 0)) {
+  if ((!last && len != qp.attr.pmtu) || len > qp.attr.pmtu || (last && !first && len == 0)) {
     invalid();
     return;
   }
-  if (!qp.comm_est) {
-    qp.comm_est = true;
+  if (!qp.resp.comm_est) {
+    qp.resp.comm_est = true;
     if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
   }
 
@@ -346,40 +346,40 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
   const bool needs_rwqe = is_send || imm;
   if (needs_rwqe && qp.rq.empty()) {
     // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back.
-    send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-    qp.nak_sent = true;
+    send_ack(qp, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
+    qp.resp.nak_sent = true;
     return;
   }
 
   if (is_send) {
-    if (first) qp.recv_offset = 0;
+    if (first) qp.resp.recv_offset = 0;
     RecvWqe &r = qp.rq.front();
-    if (static_cast<uint64_t>(qp.recv_offset) + len > r.length) {
+    if (static_cast<uint64_t>(qp.resp.recv_offset) + len > r.length) {
       // Message longer than the receive buffer: the WQE completes with a
       // local length error and the requester gets an invalid request NAK.
       complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
       invalid();
       return;
     }
-    if (!scatter(r, qp.recv_offset, v.p.payload, len)) {
+    if (!scatter(r, qp.resp.recv_offset, v.p.payload, len)) {
       // The receive buffer was unmapped: the WQE completes with a local
       // protection error (which says it: no async event), the requester
       // gets a remote operational error.
       complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
       send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_OP), psn);
-      qp.nak_sent = true;
+      qp.resp.nak_sent = true;
       set_state(qp, QpState::err);
       return;
     }
-    qp.recv_offset += len;
+    qp.resp.recv_offset += len;
   } else {
     if (first) {
       const wire::Reth &reth = v.p.h.reth;
-      qp.write_len = qp.write_left = reth.dma_len;
-      qp.write_va = reth.va;
-      qp.write_rkey = reth.rkey;
+      qp.resp.write_len = qp.resp.write_left = reth.dma_len;
+      qp.resp.write_va = reth.va;
+      qp.resp.write_rkey = reth.rkey;
     }
-    if (len > qp.write_left || (last && len != qp.write_left)) {
+    if (len > qp.resp.write_left || (last && len != qp.resp.write_left)) {
       invalid();
       return;
     }
@@ -387,48 +387,48 @@ void Engine::responder_rx(Qp &qp, const PacketView &v) {
     // the MR may have been deregistered since the one before (after
     // ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
     // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
-    if (qp.write_left) {
-      uint8_t *const to = (qp.access & kAccessRemoteWrite)
-                              ? mem_->resolve(qp.pd, qp.write_rkey, qp.write_va,
-                                              first ? qp.write_left : len, kAccessRemoteWrite)
+    if (qp.resp.write_left) {
+      uint8_t *const to = (qp.attr.access & kAccessRemoteWrite)
+                              ? mem_->resolve(qp.pd, qp.resp.write_rkey, qp.resp.write_va,
+                                              first ? qp.resp.write_left : len, kAccessRemoteWrite)
                               : nullptr;
       if (!to || (len && !guard::copy(to, v.p.payload, len)))
         return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
     }
-    qp.write_va += len;
-    qp.write_left -= len;
+    qp.resp.write_va += len;
+    qp.resp.write_left -= len;
   }
 
-  qp.in_msg = !last;
-  qp.in_send = is_send;
+  qp.resp.in_msg = !last;
+  qp.resp.in_send = is_send;
   if (last) {
     if (is_send)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv, qp.recv_offset, imm, v.p.h.imm_be,
+      complete_recv(qp, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, v.p.h.imm_be,
                     v.p.h.bth.se);
     else if (imm)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.write_len, true,
+      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.resp.write_len, true,
                     v.p.h.imm_be, v.p.h.bth.se);
-    qp.msn = msn_add(qp.msn, 1);
+    qp.resp.msn = msn_add(qp.resp.msn, 1);
   }
-  qp.epsn = psn_add(qp.epsn, 1);
-  qp.nak_sent = false;
+  qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+  qp.resp.nak_sent = false;
   if (v.p.h.bth.ack_req) {
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
+    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
+    qp.resp.ack_pending = true;
   }
 }
 
 void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len) {
-  uint32_t n = len == 0 ? 1 : (len + qp.pmtu - 1) / qp.pmtu;
+  uint32_t n = len == 0 ? 1 : (len + qp.attr.pmtu - 1) / qp.attr.pmtu;
   for (uint32_t k = 0; k < n; k++) {
-    uint32_t off = k * qp.pmtu, l = std::min(qp.pmtu, len - off);
+    uint32_t off = k * qp.attr.pmtu, l = std::min(qp.attr.pmtu, len - off);
     bool first = k == 0, last = k + 1 == n;
     wire::Headers h;
     h.bth.opcode = static_cast<uint8_t>(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]);
     h.bth.pkey = 0xffff;
-    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.dest_qp = qp.attr.dest_qpn;
     h.bth.psn = psn_add(psn, k);
-    h.aeth = {wire::aeth_ack(), qp.msn};
+    h.aeth = {wire::aeth_ack(), qp.resp.msn};
     TxSlot &s = tx_slot();
     size_t hl = wire::build_headers(h, l, s.hdr);
     size_t pieces = 0;
@@ -441,9 +441,9 @@ void Engine::send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig) {
   wire::Headers h;
   h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ATOMIC_ACKNOWLEDGE);
   h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.dest_qp = qp.attr.dest_qpn;
   h.bth.psn = psn;
-  h.aeth = {wire::aeth_ack(), qp.msn};
+  h.aeth = {wire::aeth_ack(), qp.resp.msn};
   h.atomic_ack = orig;
   TxSlot &s = tx_slot();
   tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
@@ -460,30 +460,30 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     // A resumed READ may reach past the expected PSN (it also asks for a
     // piece whose own request was lost): the expected PSN then moves to
     // its end, as for a new request.
-    uint8_t *p = r.dma_len && (qp.access & kAccessRemoteRead)
+    uint8_t *p = r.dma_len && (qp.attr.access & kAccessRemoteRead)
                      ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     if (r.dma_len && (!p || !guard::readable(p, r.dma_len))) return;
-    uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu);
-    if (psn_lt(qp.epsn, end)) {
-      qp.epsn = end;
-      qp.msn = msn_add(qp.msn, 1);
-      qp.nak_sent = false;
+    uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu);
+    if (psn_lt(qp.resp.epsn, end)) {
+      qp.resp.epsn = end;
+      qp.resp.msn = msn_add(qp.resp.msn, 1);
+      qp.resp.nak_sent = false;
     }
     send_read_responses(qp, psn, p, r.dma_len);
     return;
   }
   uint8_t *p = nullptr;
   if (r.dma_len) {
-    p = (qp.access & kAccessRemoteRead)
+    p = (qp.attr.access & kAccessRemoteRead)
             ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     // (Its pages mapped, looked at now; unmapped later, the NIC's guarded
     // copy drops the response and the resent READ finds them gone.)
     if (!p || !guard::readable(p, r.dma_len))
       return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
   }
-  uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu;
-  qp.epsn = psn_add(qp.epsn, n);
-  qp.msn = msn_add(qp.msn, 1);
+  uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu;
+  qp.resp.epsn = psn_add(qp.resp.epsn, n);
+  qp.resp.msn = msn_add(qp.resp.msn, 1);
   send_read_responses(qp, psn, p, r.dma_len);
 }
 
@@ -494,19 +494,19 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
 void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   const uint32_t psn = v.psn();
   if (duplicate) {
-    for (const Qp::AtomicRes &e : qp.res)
+    for (const RespState::AtomicRes &e : qp.resp.res)
       if (e.valid && e.psn == psn) return send_atomic_ack(qp, psn, e.orig);
     return;
   }
   const wire::AtomicEth &a = v.p.h.atomic;
   if (a.va % 8) {
     send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.nak_sent = true;
+    qp.resp.nak_sent = true;
     set_state(qp, QpState::err);
     if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
     return;
   }
-  uint8_t *p = (qp.access & kAccessRemoteAtomic)
+  uint8_t *p = (qp.attr.access & kAccessRemoteAtomic)
                    ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
   auto *word = reinterpret_cast<uint64_t *>(p);
   uint64_t orig = 0;
@@ -521,9 +521,9 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
       }))
     return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
   // The last max_dest_rd_atomic results are kept (responder resources).
-  qp.res[qp.res_next++ % qp.max_dest_rd_atomic] = {true, psn, orig};
-  qp.epsn = psn_add(qp.epsn, 1);
-  qp.msn = msn_add(qp.msn, 1);
+  qp.resp.res[qp.resp.res_next++ % qp.attr.max_dest_rd_atomic] = {true, psn, orig};
+  qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+  qp.resp.msn = msn_add(qp.resp.msn, 1);
   send_atomic_ack(qp, psn, orig);
 }
 

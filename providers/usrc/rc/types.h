@@ -15,8 +15,8 @@ constexpr uint32_t kMaxInline = 256;     // bytes of inline data per send WR
 constexpr uint32_t kMaxWr = 16384;       // per queue
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 constexpr uint64_t kMinRtoNs = 2'000'000;    // the adaptive retransmission timeout's floor
-constexpr uint64_t kMinProbeNs = 200'000;    // the probe's (Qp::probed)
-constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (Qp::cwnd)
+constexpr uint64_t kMinProbeNs = 200'000;    // the probe's (CompState::probed)
+constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (ReqState::cwnd)
 // Packets in flight after a loss that later packets revealed (a NAK): a
 // random loss of 1% would otherwise hold the window near 14 packets, where
 // go-back-N stalls more than it resends; 32 still lets some hundred QPs

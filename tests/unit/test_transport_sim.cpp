@@ -3,6 +3,7 @@
 // duplication, reordering, delay and corruption, and the right error
 // statuses when the peer vanishes or retries run out.
 #include <arpa/inet.h>
+#include <sys/mman.h>
 
 #include <catch2/catch.hpp>
 
@@ -37,9 +38,16 @@ struct Mem final : MemoryAccess {
   }
 };
 
+// The async events an engine raised, in order.
+struct Events final : EngineHooks {
+  std::vector<QpEvent> seen;
+  void qp_event(Qp &, QpEvent ev) override { seen.push_back(ev); }
+};
+
 struct Side {
   Cq scq{65536, nullptr}, rcq{65536, nullptr};
   Mem mem;
+  Events events;
   std::unique_ptr<Engine> e;
   Qp *qp = nullptr;
 };
@@ -54,8 +62,8 @@ struct Pair {
       : net(seed, f) {
     net::Endpoint ea{0x0a000001, kBase + 1}, eb{0x0a000002, kBase + 2};
     auto clock = [this] { return net.now(); };
-    a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, kBase, clock, &a.mem, nullptr);
-    b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, kBase, clock, &b.mem, nullptr);
+    a.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, ea), 1, kBase, clock, &a.mem, &a.events);
+    b.e = std::make_unique<Engine>(std::make_unique<net::SimNic>(net, eb), 2, kBase, clock, &b.mem, &b.events);
     a.qp = a.e->create_qp(depth, depth);
     b.qp = b.e->create_qp(depth, depth);
     connect(a, *a.qp, b.qp->qpn, eb, pmtu, psn_a, psn_b);
@@ -1487,5 +1495,171 @@ TEST_CASE("the progress thread's policy hands a stopped poller's engine over wit
       CHECK(recv_done - stop <= 17 * kMs);   // at most 16 quiet times after the last look
       CHECK(send_done - stop <= 18 * kMs);
     }
+  }
+}
+
+namespace {
+
+// A request as a's QP would send it, built by the general header builder
+// and sent from a's address to b's QP: payload len bytes of 0x5a, an ICRC
+// unless the pair is on one host.
+void forge(Pair &p, wire::Headers h, uint32_t len) {
+  const net::Endpoint src = p.b.qp->attr.peer, dst = p.a.qp->attr.peer;
+  h.bth.dest_qp = p.b.qp->qpn;
+  std::vector<uint8_t> b(128 + len + 8, 0);
+  const size_t hl = wire::build_headers(h, len, b.data());
+  std::memset(b.data() + hl, 0x5a, len);
+  const size_t body = hl + len + wire::pad_for(len);
+  iovec v{b.data(), body};
+  wire::store_icrc(b.data() + body,
+                   p.net.loopback ? 0 : wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1));
+  b.resize(body + wire::kIcrcLen);
+  net::SimNic nic(p.net, src);
+  iovec all{b.data(), b.size()};
+  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
+}
+
+wire::Headers request(wire::Opcode op, uint32_t psn, bool ack_req = false) {
+  wire::Headers h;
+  h.bth.opcode = uint8_t(op);
+  h.bth.psn = psn & kPsnMask;
+  h.bth.ack_req = ack_req;
+  return h;
+}
+
+// The ACKs and NAKs b sends to a (their AETH syndrome and PSN), from when
+// it is made.
+struct Responses {
+  std::vector<std::pair<uint8_t, uint32_t>> seen;
+  explicit Responses(Pair &p) {
+    const uint32_t to = p.a.qp->qpn;
+    p.net.tap = [this, to](const std::vector<uint8_t> &d) {
+      wire::Parsed x;
+      if (wire::parse(d.data(), d.size(), x) == wire::ParseError::ok &&
+          x.h.bth.opcode == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && x.h.bth.dest_qp == to)
+        seen.push_back({x.h.aeth.syndrome, x.h.bth.psn});
+    };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the responder answers each error as its class says, NAKing in one place", "[sim]") {
+  for (const bool local : {false, true}) {
+    INFO("same host " << local);
+    Pair p(41);
+    if (local) p.same_host();
+    std::vector<uint8_t> rx(4096);
+    Qp &q = *p.b.qp;
+    const uint32_t psn = q.resp.epsn;
+    Responses r(p);
+    auto settle = [&] { p.run([] { return false; }, p.net.now() + 1'000'000); };
+    // The answers once all is sent, the responder's QP state and events.
+    auto nak_of = [&](uint8_t code) { return std::pair{wire::aeth_nak(code), psn}; };
+
+    SECTION("class B: packets beyond the expected PSN get one sequence NAK") {
+      for (uint32_t i = 1; i <= 4; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i), 16);
+      settle();
+      CHECK(r.seen == std::vector{std::pair{wire::aeth_nak(wire::NAK_PSN_SEQ), psn}});
+      CHECK(q.state == QpState::rts);
+      CHECK(q.resp.nak_sent);
+      CHECK(p.b.events.seen.empty());
+    }
+    SECTION("RNR: no receive posted") {
+      forge(p, request(wire::Opcode::RC_SEND_ONLY, psn), 16);
+      settle();
+      REQUIRE(r.seen.size() == 1);
+      CHECK(wire::aeth_type(r.seen[0].first) == wire::AckType::rnr_nak);
+      CHECK(r.seen[0].second == psn);
+      CHECK(q.state == QpState::rts);
+      CHECK(p.b.events.seen.empty());
+    }
+    SECTION("class C, invalid request: a MIDDLE with no message begun") {
+      REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
+      forge(p, request(wire::Opcode::RC_SEND_MIDDLE, psn), q.attr.pmtu);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+    }
+    SECTION("class C, invalid request: a FIRST shorter than the PMTU") {
+      REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
+      forge(p, request(wire::Opcode::RC_SEND_FIRST, psn), 64);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+    }
+    SECTION("class C, invalid request: a READ to a QP without responder resources") {
+      Engine::QpChange c{q.attr};
+      c.attr.max_dest_rd_atomic = 0;
+      c.state = QpState::rts;
+      p.b.e->modify(q, c);
+      wire::Headers h = request(wire::Opcode::RC_READ_REQUEST, psn);
+      h.reth = {0x1000, 1, 8};
+      forge(p, h, 0);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+    }
+    SECTION("class C, invalid request: an ATOMIC on a word not 8-byte aligned") {
+      wire::Headers h = request(wire::Opcode::RC_FETCH_ADD, psn);
+      h.atomic = {0x1004, 1, 1, 0};
+      forge(p, h, 0);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+    }
+    SECTION("class C, remote access error: a WRITE through an unknown rkey") {
+      wire::Headers h = request(wire::Opcode::RC_WRITE_ONLY, psn);
+      h.reth = {0x1000, 77, 16};
+      forge(p, h, 16);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_REMOTE_ACCESS)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{QpEvent::access_err});
+    }
+    SECTION("class C, remote operational error: the receive buffer unmapped") {
+      void *m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      REQUIRE(m != MAP_FAILED);
+      REQUIRE(p.b.e->post_recv(q, recv_wr(static_cast<uint8_t *>(m), 4096, 9)) == 0);
+      munmap(m, 4096);
+      forge(p, request(wire::Opcode::RC_SEND_ONLY, psn), 16);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_REMOTE_OP)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen.empty());   // (the receive's completion says it)
+      const auto c = drain(p.b.rcq);
+      REQUIRE(!c.empty());
+      CHECK(c[0].wr_id == 9);
+      CHECK(c[0].status == WcStatus::loc_prot_err);
+    }
+  }
+}
+
+TEST_CASE("requests received in one pass get one ACK, for the last of them", "[sim]") {
+  for (const bool local : {false, true}) {
+    INFO("same host " << local);
+    Pair p(43);
+    if (local) p.same_host();
+    Qp &q = *p.b.qp;
+    std::vector<uint8_t> rx(64 * 8);
+    for (uint64_t i = 0; i < 8; i++) REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data() + 64 * i, 64, i)) == 0);
+    // A first message on its own (its first request: COMM_EST, then the
+    // short path may take the rest).
+    const uint32_t psn = q.resp.epsn;
+    forge(p, request(wire::Opcode::RC_SEND_ONLY, psn, true), 16);
+    p.run([&] { return drain(p.b.rcq).size() == 1; });
+    p.run([] { return false; }, p.net.now() + 1'000'000);
+    Responses r(p);
+    // Six more, each asking for an ACK, all there before b looks.
+    for (uint32_t i = 1; i <= 6; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i, true), 16);
+    p.net.advance(1'000'000);
+    p.b.e->progress();
+    CHECK(r.seen == std::vector{std::pair{wire::aeth_ack(), (psn + 6) & kPsnMask}});
+    CHECK(drain(p.b.rcq).size() == 6);
+    CHECK(!q.resp.ack_pending);
   }
 }

@@ -260,15 +260,86 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
   set_state(qp, QpState::err);
 }
 
-// The common response on its own short path: a plain ACK (no payload, no
-// ICRC) from the peer of a QP on this host, for a PSN it was sent. Anything
-// else goes through parse() and completer_rx(), which check, drop and count
-// what is wrong with it; what this one takes they would handle the same way.
 // A response must name a PSN we sent: in [una - 1, tx_high - 1].
 static bool names_sent_psn(const Qp &qp, uint32_t psn) {
   return psn_diff(psn, qp.req.tx_high) < 0 && psn_diff(psn, psn_add(qp.comp.una_psn, kPsnMask)) >= 0;
 }
 
+// One retry of the budget a Local ACK Timeout or a sequence NAK without
+// progress uses (retry_cnt, IBA 9.7.6.1.3); false, the head WQE failed
+// with "retry exceeded", when none is left.
+bool Engine::use_retry(Qp &qp) {
+  if (qp.comp.retry_left == 0) {
+    count(Counter::retry_exceeded);
+    fail_head(qp, WcStatus::retry_exc_err);
+    return false;
+  }
+  qp.comp.retry_left--;
+  return true;
+}
+
+// An ACK (IBA 9.7.5.1.1): everything through psn is acknowledged; the
+// window it opens is used at once.
+[[gnu::always_inline]] inline void Engine::ack_rcvd(Qp &qp, uint32_t psn) {
+  count(Counter::acks_rcvd);
+  ack_through(qp, psn);
+  requester_tx(qp);
+}
+
+// An RNR NAK (IBA 9.7.5.2.8): the responder had no receive WQE for psn;
+// wait the timer it asked for (its code), then resend from psn. rnr_retry
+// 7 means forever.
+void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
+  count(Counter::rnr_naks_rcvd);
+  ack_through(qp, psn_add(psn, kPsnMask));
+  if (qp.attr.rnr_retry != 7) {
+    if (qp.comp.rnr_left == 0) {
+      count(Counter::rnr_retry_exceeded);
+      fail_head(qp, WcStatus::rnr_retry_exc_err);
+      return;
+    }
+    qp.comp.rnr_left--;
+  }
+  go_back_n(qp, qp.comp.una_psn);   // una may lag psn: READ data still missing
+  qp.comp.ack_deadline = 0;
+  qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
+  arm_timer(qp.comp.rnr_deadline);
+  requester_tx(qp);
+}
+
+// A PSN sequence NAK (IBA 9.7.5.1.3 on the requester's side): everything
+// before psn is acknowledged, psn is resent (alone where the peer keeps
+// what follows a gap, resend_one; else everything from it).
+void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
+  count(Counter::seq_naks_rcvd);
+  window_loss(qp, false);
+  const bool progress = ack_through(qp, psn_add(psn, kPsnMask));
+  // The NAK for the packet after one resent alone, from a peer that
+  // dropped what followed it, when its ACK already had us go back N from
+  // there (sel_acked): nothing to do again.
+  if (!progress && psn == qp.req.sel.back_psn) return;
+  if (!progress && !use_retry(qp)) return;
+  // una may lag psn: READ data still missing.
+  if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
+  requester_tx(qp);
+}
+
+// Any other NAK (IBA 9.7.5.2.4, the responder's class C errors): what
+// came before psn is acknowledged, the WQE holding psn fails with the
+// status the code gives, and the QP with it.
+void Engine::error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code) {
+  count(Counter::other_naks_rcvd);
+  ack_through(qp, psn_add(psn, kPsnMask));
+  fail_head(qp, code == wire::NAK_REMOTE_ACCESS ? WcStatus::rem_access_err
+                : code == wire::NAK_REMOTE_OP   ? WcStatus::rem_op_err
+                                                : WcStatus::rem_inv_req_err);
+}
+
+// The common response on its own short path: a plain ACK (no payload, no
+// ICRC) from the peer of a QP on this host, for a PSN it was sent, checked
+// through the header accessors alone, then taken by ack_rcvd as
+// completer_rx takes it. Anything else goes through parse() and
+// completer_rx(), which check, drop and count what is wrong with it.
 bool Engine::fast_ack(const net::RxPacket &pkt) {
   constexpr size_t kLen = wire::kAckHdrLen + wire::kIcrcLen;
   const uint8_t *b = pkt.data;
@@ -285,86 +356,30 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
   if (!names_sent_psn(*qp, psn)) return false;   // (a ghost: counted there)
   count(Counter::rx_packets);
   count(Counter::rx_bytes, kLen);
-  count(Counter::acks_rcvd);
-  ack_through(*qp, psn);
-  requester_tx(*qp);
+  ack_rcvd(*qp, psn);
   return true;
 }
 
+// A response (IBA 9.7.5.1): one that names no PSN we sent, or a NAK older
+// than una (a NAK names the PSN the responder expects), is a ghost; READ
+// response data and ATOMIC ACKs complete their WQEs; an ACK or NAK as its
+// AETH's type says.
 void Engine::completer_rx(Qp &qp, const PacketView &v) {
-  uint32_t psn = v.psn();
-  if (!names_sent_psn(qp, psn)) {
-    count(Counter::ghost_acks);
-    return;
-  }
+  const uint32_t psn = v.psn();
+  if (!names_sent_psn(qp, psn)) return count(Counter::ghost_acks);
   if (v.p.info->mask & wire::IS_READ) return read_response(qp, v);
-  if (v.p.info->mask & wire::HAS_ATOMICACKETH)
-    return atomic_ack(qp, v);
-  uint8_t syn = v.p.h.aeth.syndrome;
-  // A NAK names the PSN the responder expects; one older than una is stale.
-  if (wire::aeth_type(syn) != wire::AckType::ack && psn_lt(psn, qp.comp.una_psn)) {
-    count(Counter::ghost_acks);
-    return;
+  if (v.p.info->mask & wire::HAS_ATOMICACKETH) return atomic_ack(qp, v);
+  const uint8_t syn = v.p.h.aeth.syndrome;
+  const wire::AckType type = wire::aeth_type(syn);
+  if (type != wire::AckType::ack && psn_lt(psn, qp.comp.una_psn)) return count(Counter::ghost_acks);
+  switch (type) {
+    case wire::AckType::ack: return ack_rcvd(qp, psn);
+    case wire::AckType::rnr_nak: return rnr_nak_rcvd(qp, psn, wire::aeth_value(syn));
+    case wire::AckType::nak:
+      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn);
+      return error_nak_rcvd(qp, psn, wire::aeth_value(syn));
+    default: return count(Counter::malformed_drops);
   }
-  switch (wire::aeth_type(syn)) {
-    case wire::AckType::ack:
-      count(Counter::acks_rcvd);
-      ack_through(qp, psn);
-      break;
-    case wire::AckType::rnr_nak: {
-      // C9-...: the responder had no receive WQE for psn; wait the timer it
-      // asked for, then resend from psn. rnr_retry 7 means forever.
-      count(Counter::rnr_naks_rcvd);
-      ack_through(qp, psn_add(psn, kPsnMask));
-      if (qp.attr.rnr_retry != 7) {
-        if (qp.comp.rnr_left == 0) {
-          count(Counter::rnr_retry_exceeded);
-          fail_head(qp, WcStatus::rnr_retry_exc_err);
-          return;
-        }
-        qp.comp.rnr_left--;
-      }
-      go_back_n(qp, qp.comp.una_psn);   // una may lag psn: READ data still missing
-      qp.comp.ack_deadline = 0;
-      qp.comp.rnr_deadline = clock_() + rnr_timer_ns(wire::aeth_value(syn));
-      arm_timer(qp.comp.rnr_deadline);
-      break;
-    }
-    case wire::AckType::nak: {
-      uint8_t code = wire::aeth_value(syn);
-      if (code == wire::NAK_PSN_SEQ) {
-        count(Counter::seq_naks_rcvd);
-        window_loss(qp, false);
-        bool progress = ack_through(qp, psn_add(psn, kPsnMask));
-        // The NAK for the packet after one resent alone, from a peer that
-        // dropped what followed it, when its ACK already had us go back
-        // N from there (sel_acked): nothing to do again.
-        if (!progress && psn == qp.req.sel.back_psn) return;
-        if (!progress) {
-          if (qp.comp.retry_left == 0) {
-            count(Counter::retry_exceeded);
-            fail_head(qp, WcStatus::retry_exc_err);
-            return;
-          }
-          qp.comp.retry_left--;
-        }
-        // una may lag psn: READ data still missing.
-        if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
-        requester_tx(qp);
-        return;
-      }
-      count(Counter::other_naks_rcvd);
-      ack_through(qp, psn_add(psn, kPsnMask));
-      fail_head(qp, code == wire::NAK_REMOTE_ACCESS ? WcStatus::rem_access_err
-                    : code == wire::NAK_REMOTE_OP   ? WcStatus::rem_op_err
-                                                    : WcStatus::rem_inv_req_err);
-      return;
-    }
-    default:
-      count(Counter::malformed_drops);
-      return;
-  }
-  requester_tx(qp);
 }
 
 void Engine::check_timers(Qp &qp, uint64_t now) {
@@ -428,12 +443,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
   // after retry_cnt retries the WQE fails with "retry exceeded".
   qp.comp.ack_deadline = 0;
   count(Counter::timeouts);
-  if (qp.comp.retry_left == 0) {
-    count(Counter::retry_exceeded);
-    fail_head(qp, WcStatus::retry_exc_err);
-    return;
-  }
-  qp.comp.retry_left--;
+  if (!use_retry(qp)) return;
   qp.comp.rto_deadline = 0;
   window_loss(qp, true);
   go_back_n(qp, qp.comp.una_psn);

@@ -201,10 +201,6 @@ void Engine::flush_queues(Qp &qp) {
   qp.resp.in_msg = false;
 }
 
-void Engine::push(Cq *cq, const Completion &c) {
-  if (cq && !cq->push(c)) cq_overflow_ = true;
-}
-
 void Engine::arm_timer(uint64_t deadline) {
   if (deadline < next_deadline_.load(std::memory_order_relaxed))
     next_deadline_.store(deadline, std::memory_order_relaxed);

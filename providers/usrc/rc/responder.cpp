@@ -48,22 +48,6 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
   tx_commit(qp, hl, 0, 0);
 }
 
-// A request the responder cannot execute (IBA 9.7.5.2.4, the NAK codes):
-// NAKed with code, the QP to the error state, the async event ev.
-void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
-  send_ack(qp, wire::aeth_nak(code), psn);
-  qp.resp.nak_sent = true;
-  set_state(qp, QpState::err);
-  if (hooks_) hooks_->qp_event(qp, ev);
-}
-
-void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
-                           uint32_t imm_be, bool solicited) {
-  const RecvWqe &r = qp.rq.front();
-  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn, qp.attr.dlid, stamp()});
-  qp.rq.pop();
-}
-
 // Scatter len bytes at offset off of the receive WQE's buffers; false if
 // one of them is no longer mapped (guard.h).
 [[gnu::noinline]] static bool scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
@@ -82,14 +66,83 @@ void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool 
   return true;
 }
 
+// A SEND's payload into the receive WQE r at offset off (the caller checked
+// that it fits); false if its buffer is no longer mapped. One buffer, the
+// common case: one copy.
+[[gnu::always_inline]] static inline bool place_send(const RecvWqe &r, uint32_t off, const uint8_t *src,
+                                                     uint32_t len) {
+  if (r.wr.num_sge == 1) return guard::copy(r.wr.sge[0].addr + off, src, len);
+  return scatter(r, off, src, len);
+}
+
+// What the responder answers a request it does not take (RespErr): the
+// one place that NAKs.
+void Engine::respond_error(Qp &qp, RespErr err, uint32_t psn) {
+  switch (err) {
+    case RespErr::psn_seq:
+      // Class B (IBA 9.7.5.2.3): NAK once, naming the expected PSN, then
+      // take nothing until it arrives.
+      if (qp.resp.nak_sent) return;
+      qp.resp.nak_sent = true;
+      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
+      return;
+    case RespErr::rnr:
+      // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back
+      // after our RNR timer; the QP stays as it is.
+      send_ack(qp, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
+      qp.resp.nak_sent = true;
+      return;
+    case RespErr::inv_req:
+    case RespErr::rem_access:
+    case RespErr::rem_op: {
+      // Class C (IBA 9.7.5.2.4, the NAK codes): NAKed, and the responder's
+      // QP goes to the error state.
+      const uint8_t code = err == RespErr::inv_req      ? wire::NAK_INVALID_REQUEST
+                           : err == RespErr::rem_access ? wire::NAK_REMOTE_ACCESS
+                                                        : wire::NAK_REMOTE_OP;
+      send_ack(qp, wire::aeth_nak(code), psn);
+      qp.resp.nak_sent = true;
+      set_state(qp, QpState::err);
+      if (err != RespErr::rem_op && hooks_)
+        hooks_->qp_event(qp, err == RespErr::inv_req ? QpEvent::req_err : QpEvent::access_err);
+      return;
+    }
+  }
+}
+
+// execute for a SEND packet: its payload into the head receive WQE at off
+// (0 for a FIRST or ONLY), which it fits (check_resource); false if the
+// buffer is no longer mapped.
+[[gnu::always_inline]] inline bool Engine::execute_send(Qp &qp, uint32_t off, const uint8_t *src, uint32_t len) {
+  if (!place_send(qp.rq.front(), off, src, len)) [[unlikely]] return false;
+  qp.resp.recv_offset = off + len;
+  return true;
+}
+
+// complete for a SEND packet: a message's last packet completes its
+// receive WQE.
+[[gnu::always_inline]] inline void Engine::complete_send(Qp &qp, RecvSink &k, bool last, bool imm, uint32_t imm_be,
+                                                         bool solicited) {
+  qp.resp.in_msg = !last;
+  qp.resp.in_send = true;
+  if (last) complete_recv(qp, k, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, imm_be, solicited);
+}
+
+void Engine::first_request(Qp &qp) {
+  qp.resp.comm_est = true;
+  if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
+}
+
 // The common request on its own short path: SEND ONLYs (with or without
 // immediate data) from the peer of a QP on this host, without an ICRC, in
 // order, each into a posted receive that holds it; as many in a row as
 // there are, for the QP of the first (checked once: a same-host sender's
-// ring slot holds a run of them). Returns how many it took. Every packet
-// it does not take goes through parse() and responder_rx(), which check,
-// NAK, drop and count what is wrong with it; what this one takes they
-// would handle the same way.
+// ring slot holds a run of them). Returns how many it took. It only
+// admits: each packet it takes goes through the pipeline's own execute,
+// complete and acknowledge (place_send, complete_recv, accept_request),
+// with none of the checks those packets pass anyway. Every packet it does
+// not take goes through parse() and responder_rx(), which check, NAK, drop
+// and count what is wrong with it.
 size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   constexpr uint8_t kOnly = uint8_t(Opcode::RC_SEND_ONLY), kOnlyImm = uint8_t(Opcode::RC_SEND_ONLY_IMM);
   if (pkts[0].len < wire::kMinPacketLen ||
@@ -97,33 +150,20 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     return 0;
   const uint32_t qpn = wire::bth::qpn(pkts[0].data);
   Qp *qp = find_qp(qpn);
-  // No ICRC is accepted only from this host: the QP's peer, on a local path.
+  // No ICRC is accepted only from this host: the QP's peer, on a local
+  // path. In order (check_psn), between messages (check_op_seq), past its
+  // first request (note_first_request).
   if (!qp || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
       qp->state < QpState::rtr || qp->state > QpState::sqe || qp->resp.in_msg || qp->resp.held)
     return 0;
-  uint32_t epsn = qp->resp.epsn, last_len = 0;
-  bool ack = false;
   uint64_t bytes = 0;
-  // What the run needs of the QP, read once: the payload copies store
-  // through byte pointers, after which the compiler would read every QP
-  // field again. The receives are walked by pointer and popped together.
   const uint32_t pmtu = qp->attr.pmtu;
-  const uint64_t posted = qp->rq.tail - qp->rq.head;
-  RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
-  Cq *const cq = qp->recv_cq;
-  Completion c{0, WcStatus::success, WcOpcode::recv, false, false, 0, 0, qp->qpn, qp->attr.dest_qpn, qp->attr.dlid, stamp()};
-  // Straight into a poller's array while it has room (see DirectWc), then
-  // into the ring.
-  Wc *out = nullptr, *out_end = nullptr;
-  if (cq && direct.cq == cq && direct.n < direct.room && cq->idle()) {
-    out = direct.wc + direct.n;
-    out_end = direct.wc + direct.room;
-  }
-  const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->attr.dest_qpn,
-               0, 0, qp->attr.dlid, 0, 0};
+  // (None posted: the general path sends the RNR NAK, check_resource.)
+  const size_t most = std::min<uint64_t>(n, qp->rq.tail - qp->rq.head);
+  RecvSink sink = recv_sink(*qp);
   const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
   size_t k = 0;
-  for (; k < n && k < posted; k++) {   // (none posted: the general path sends the RNR NAK)
+  for (; k < most; k++) {
     const net::RxPacket &pkt = pkts[k];
     if (k + kRxAhead < n) {   // (a packet another core wrote: fetched ahead)
       const net::RxPacket &a = pkts[k + kRxAhead];
@@ -142,50 +182,24 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if (wire::bth::tver(b) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
     const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = wire::bth::pad(b);
     if ((body & 3) || pad > body || wire::icrc::get(b + pkt.len - wire::kIcrcLen) != 0) break;
-    if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != epsn) break;
+    if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != qp->resp.epsn) break;
     const bool solicited = wire::bth::se(b), ack_req = wire::bth::ack_req(b);
     const uint32_t imm_be =
         imm ? wire::immdt::get_be(b + wire::info_of(Opcode::RC_SEND_ONLY_IMM).offset[wire::IMMDT]) : 0;
     const uint32_t len = body - pad;
-    if (len > pmtu || len > r->length) break;
-    // (A receive buffer unmapped: the general path fails it.)
-    if (!(r->wr.num_sge == 1 ? guard::copy(r->wr.sge[0].addr, b + hl, len) : scatter(*r, 0, b + hl, len)))
-      break;
-    if (out != out_end) {
-      Wc &w = *out++;
-      w = wc0;
-      w.wr_id = r->wr.wr_id;
-      w.byte_len = len;
-      w.imm_be = imm_be;
-      w.wc_flags = imm ? kWcWithImm : 0;
-    } else if (cq) {
-      c.wr_id = r->wr.wr_id;
-      c.with_imm = imm;
-      c.solicited = solicited;
-      c.byte_len = len;
-      c.imm_be = imm_be;
-      if (!cq->push(c)) [[unlikely]] cq_overflow_ = true;
-    }
-    epsn = psn_add(epsn, 1);
+    const RecvWqe &r = qp->rq.front();
+    // check_length, check_resource's receive length; then execute
+    // (a receive buffer unmapped: the general path fails it), complete
+    // and acknowledge.
+    if (len > pmtu || len > r.length || !execute_send(*qp, 0, b + hl, len)) break;
+    complete_send(*qp, sink, true, imm, imm_be, solicited);
+    accept_request(*qp, true, ack_req);
     bytes += pkt.len;
-    ack |= ack_req;
-    last_len = len;
-    if (++r == rq_end) r = rq_begin;
   }
-  qp->rq.pop(static_cast<uint32_t>(k));
-  if (out) direct.n = static_cast<uint32_t>(out - direct.wc);
+  recv_sink_done(sink);
   if (!k) return 0;
   count(Counter::rx_packets, k);
   count(Counter::rx_bytes, bytes);
-  qp->resp.recv_offset = last_len;
-  qp->resp.in_send = true;
-  qp->resp.msn = msn_add(qp->resp.msn, static_cast<uint32_t>(k));
-  qp->resp.epsn = epsn;
-  qp->resp.nak_sent = false;
-  if (ack) {
-    if (!qp->resp.ack_pending) ack_list_.push_back(qp);
-    qp->resp.ack_pending = true;
-  }
   return k;
 }
 
@@ -249,10 +263,7 @@ void Engine::drain_held(Qp &qp) {
       took = again = true;
     }
   }
-  if (took && (qp.resp.held || qp.resp.hold_missed) && !qp.resp.nak_sent) {
-    qp.resp.nak_sent = true;
-    send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
-  }
+  if (took && (qp.resp.held || qp.resp.hold_missed)) respond_error(qp, RespErr::psn_seq, qp.resp.epsn);
   if (!qp.resp.held) qp.resp.hold_missed = false;
 }
 
@@ -263,159 +274,187 @@ void Engine::drop_held(Qp &qp) {
   qp.resp.hold_missed = false;
 }
 
+// One request through the responder's steps (RespStep), as rxe's
+// rxe_responder(): each check or action returns the next one; every NAK
+// goes through respond_error, every ACK through schedule_ack.
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
-  const uint32_t psn = v.psn();
-  const int32_t d = psn_diff(psn, qp.resp.epsn);
   const uint32_t mask = v.p.info->mask;
-  if (d < 0) {
-    // Duplicate (IBA 9.7.5.2.2): already executed; acknowledge again so a
-    // requester whose ACK was lost makes progress. READ and ATOMIC are
-    // answered from the saved request.
-    count(Counter::duplicates);
-    if (mask & wire::IS_READ) return read_request(qp, v, true);
-    if (mask & wire::IS_ATOMIC) return atomic_request(qp, v, true);
-    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
-    qp.resp.ack_pending = true;
-    return;
-  }
-  if (d > 0) {
-    // PSN sequence error (IBA 9.7.5.2.3): NAK once, then take nothing
-    // until the expected PSN arrives. SEND and WRITE packets are kept for
-    // then (hold): the requester need resend only the lost ones.
-    if ((mask & (wire::IS_SEND | wire::IS_WRITE)) && v.opcode() != uint8_t(Opcode::USRC_WRITE_PLACED))
-      hold(qp, v);
-    if (!qp.resp.nak_sent) {
-      qp.resp.nak_sent = true;
-      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
+  Request r{v,
+            v.psn(),
+            mask,
+            static_cast<uint32_t>(v.p.payload_len),
+            (mask & wire::IS_FIRST) != 0,
+            (mask & wire::IS_LAST) != 0,
+            (mask & wire::IS_SEND) != 0,
+            (mask & wire::IS_WRITE) != 0,
+            v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)};
+  RespStep step = RespStep::check_psn;
+  while (step != RespStep::done) {
+    switch (step) {
+      case RespStep::check_psn: step = check_psn(qp, r); break;
+      case RespStep::duplicate: step = duplicate(qp, r); break;
+      case RespStep::out_of_sequence: step = out_of_sequence(qp, r); break;
+      case RespStep::check_op_seq: step = check_op_seq(qp, r); break;
+      case RespStep::check_op_valid: step = check_op_valid(qp, r); break;
+      case RespStep::check_length: step = check_length(qp, r); break;
+      case RespStep::check_resource: step = check_resource(qp, r); break;
+      case RespStep::check_rkey: step = check_rkey(qp, r); break;
+      case RespStep::execute: step = execute(qp, r); break;
+      case RespStep::complete: step = complete(qp, r); break;
+      case RespStep::acknowledge: step = acknowledge(qp, r); break;
+      case RespStep::error:
+        respond_error(qp, r.err, r.psn);
+        step = RespStep::done;
+        break;
+      case RespStep::done: break;
     }
-    return;
   }
+}
 
-  const bool is_send = mask & wire::IS_SEND, is_write = mask & wire::IS_WRITE;
-  const bool first = mask & wire::IS_FIRST, last = mask & wire::IS_LAST;
-  const uint32_t len = static_cast<uint32_t>(v.p.payload_len);
+Engine::RespStep Engine::check_psn(Qp &qp, Request &r) {
+  const int32_t d = psn_diff(r.psn, qp.resp.epsn);
+  if (d < 0) return RespStep::duplicate;
+  if (d > 0) return RespStep::out_of_sequence;
+  return RespStep::check_op_seq;
+}
 
-  auto invalid = [&] {
-    // C9-...: an invalid request is NAKed and the responder's QP fails.
-    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.resp.nak_sent = true;
-    set_state(qp, QpState::err);
-    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
-  };
+// Duplicate (IBA 9.7.5.2.2): already executed; acknowledged again so that
+// a requester whose ACK was lost makes progress. READ and ATOMIC are
+// answered from the saved request.
+Engine::RespStep Engine::duplicate(Qp &qp, Request &r) {
+  count(Counter::duplicates);
+  if (r.mask & wire::IS_READ) read_request(qp, r.v, true);
+  else if (r.mask & wire::IS_ATOMIC) atomic_request(qp, r.v, true);
+  else schedule_ack(qp);
+  return RespStep::done;
+}
 
-  if (v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)) {
-    // The requester wrote the data into our memory itself, through the
-    // gate this QP opened (Engine::update_gate): take its PSN, acknowledge.
-    if (qp.resp.in_msg) return invalid();
-    if (!qp.resp.comm_est) {
-      qp.resp.comm_est = true;
-      if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
-    }
-    qp.resp.msn = msn_add(qp.resp.msn, 1);
-    qp.resp.epsn = psn_add(qp.resp.epsn, 1);
-    qp.resp.nak_sent = false;
-    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
-    qp.resp.ack_pending = true;
-    return;
-  }
-  if (!is_send && !is_write) {   // READ or ATOMIC
-    // No responder resources (max_dest_rd_atomic 0): the QP takes no
-    // READ or ATOMIC at all.
-    if (qp.resp.in_msg || qp.attr.max_dest_rd_atomic == 0) return invalid();
-    qp.resp.nak_sent = false;
-    if (mask & wire::IS_READ) return read_request(qp, v, false);
-    return atomic_request(qp, v, false);
-  }
-  // Opcode sequence (IBA 9.7.4.2.2): FIRST/ONLY start a message, MIDDLE/
-  // LAST continue one of the same kind.
-  if (first == qp.resp.in_msg || (qp.resp.in_msg && qp.resp.in_send != is_send)) {
-    invalid();
-    return;
-  }
-  // Payload sizes (C9-...): FIRST and MIDDLE are exactly one PMTU.
-  if ((!last && len != qp.attr.pmtu) || len > qp.attr.pmtu || (last && !first && len == 0)) {
-    invalid();
-    return;
-  }
-  if (!qp.resp.comm_est) {
-    qp.resp.comm_est = true;
-    if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
-  }
+// PSN sequence error (class B): SEND and WRITE packets are kept for when
+// the expected PSN arrives (hold): the requester need resend only the
+// lost ones.
+Engine::RespStep Engine::out_of_sequence(Qp &qp, Request &r) {
+  if ((r.is_send || r.is_write) && !r.placed) hold(qp, r.v);
+  r.err = RespErr::psn_seq;
+  return RespStep::error;
+}
 
-  const bool imm = mask & wire::HAS_IMMDT;
-  const bool needs_rwqe = is_send || imm;
-  if (needs_rwqe && qp.rq.empty()) {
-    // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back.
-    send_ack(qp, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
-    qp.resp.nak_sent = true;
-    return;
-  }
+// Opcode sequence (IBA 9.7.4.2.2, class C): FIRST/ONLY start a message,
+// MIDDLE/LAST continue one of the same kind; nothing else comes inside one.
+Engine::RespStep Engine::check_op_seq(Qp &qp, Request &r) {
+  const bool ok = (r.is_send || r.is_write) && !r.placed
+                      ? r.first != qp.resp.in_msg && (!qp.resp.in_msg || qp.resp.in_send == r.is_send)
+                      : !qp.resp.in_msg;
+  r.err = RespErr::inv_req;
+  return ok ? RespStep::check_op_valid : RespStep::error;
+}
 
-  if (is_send) {
-    if (first) qp.resp.recv_offset = 0;
-    RecvWqe &r = qp.rq.front();
-    if (static_cast<uint64_t>(qp.resp.recv_offset) + len > r.length) {
-      // Message longer than the receive buffer: the WQE completes with a
-      // local length error and the requester gets an invalid request NAK.
-      complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
-      invalid();
-      return;
-    }
-    if (!scatter(r, qp.resp.recv_offset, v.p.payload, len)) {
-      // The receive buffer was unmapped: the WQE completes with a local
-      // protection error (which says it: no async event), the requester
-      // gets a remote operational error.
-      complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
-      send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_OP), psn);
-      qp.resp.nak_sent = true;
-      set_state(qp, QpState::err);
-      return;
-    }
-    qp.resp.recv_offset += len;
-  } else {
-    if (first) {
-      const wire::Reth &reth = v.p.h.reth;
-      qp.resp.write_len = qp.resp.write_left = reth.dma_len;
-      qp.resp.write_va = reth.va;
-      qp.resp.write_rkey = reth.rkey;
-    }
-    if (len > qp.resp.write_left || (last && len != qp.resp.write_left)) {
-      invalid();
-      return;
-    }
-    // Every packet resolves the rkey (a FIRST the whole message's range):
-    // the MR may have been deregistered since the one before (after
-    // ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
-    // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
-    if (qp.resp.write_left) {
-      uint8_t *const to = (qp.attr.access & kAccessRemoteWrite)
-                              ? mem_->resolve(qp.pd, qp.resp.write_rkey, qp.resp.write_va,
-                                              first ? qp.resp.write_left : len, kAccessRemoteWrite)
-                              : nullptr;
-      if (!to || (len && !guard::copy(to, v.p.payload, len)))
-        return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
-    }
-    qp.resp.write_va += len;
-    qp.resp.write_left -= len;
-  }
+// What the QP can take at all (class C): READ and ATOMIC need responder
+// resources (max_dest_rd_atomic 0: none), an ATOMIC an aligned word.
+Engine::RespStep Engine::check_op_valid(Qp &qp, Request &r) {
+  if (r.is_send || r.is_write || r.placed) return RespStep::check_length;
+  if (qp.attr.max_dest_rd_atomic == 0) return RespStep::error;   // (inv_req)
+  if ((r.mask & wire::IS_ATOMIC) && r.v.p.h.atomic.va % 8) return RespStep::error;
+  return RespStep::execute;
+}
 
-  qp.resp.in_msg = !last;
-  qp.resp.in_send = is_send;
-  if (last) {
-    if (is_send)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, v.p.h.imm_be,
-                    v.p.h.bth.se);
-    else if (imm)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.resp.write_len, true,
-                    v.p.h.imm_be, v.p.h.bth.se);
-    qp.resp.msn = msn_add(qp.resp.msn, 1);
+// Payload sizes (class C): FIRST and MIDDLE are exactly one PMTU, a LAST
+// after them not empty, nothing larger than the PMTU.
+Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
+  if (!r.placed && ((!r.last && r.len != qp.attr.pmtu) || r.len > qp.attr.pmtu || (r.last && !r.first && r.len == 0)))
+    return RespStep::error;   // (inv_req)
+  note_first_request(qp);
+  return r.placed ? RespStep::complete : RespStep::check_resource;
+}
+
+// A SEND, or a WRITE with immediate data, takes a receive WQE: none posted
+// is RNR; a SEND longer than the receive buffer completes that WQE with a
+// local length error and is an invalid request (class C).
+Engine::RespStep Engine::check_resource(Qp &qp, Request &r) {
+  if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && qp.rq.empty()) {
+    r.err = RespErr::rnr;
+    return RespStep::error;
   }
-  qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+  if (!r.is_send) return RespStep::check_rkey;
+  if (r.first) qp.resp.recv_offset = 0;
+  if (static_cast<uint64_t>(qp.resp.recv_offset) + r.len > qp.rq.front().length) {
+    complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
+    return RespStep::error;   // (inv_req)
+  }
+  return RespStep::execute;
+}
+
+// An RDMA WRITE's target: its FIRST (or ONLY) loads the RETH; every packet
+// stays within its length (class C, invalid request) and resolves the rkey
+// again (class C, remote access error: rkey, PD, bounds or access, nothing
+// written): the MR may have been deregistered since the packet before
+// (after ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
+Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
+  RespState &s = qp.resp;
+  if (r.first) {
+    const wire::Reth &reth = r.v.p.h.reth;
+    s.write_len = s.write_left = reth.dma_len;
+    s.write_va = reth.va;
+    s.write_rkey = reth.rkey;
+  }
+  if (r.len > s.write_left || (r.last && r.len != s.write_left)) return RespStep::error;   // (inv_req)
+  if (!s.write_left) return RespStep::execute;
+  r.to = (qp.attr.access & kAccessRemoteWrite)
+             ? mem_->resolve(qp.pd, s.write_rkey, s.write_va, r.first ? s.write_left : r.len, kAccessRemoteWrite)
+             : nullptr;
+  r.err = RespErr::rem_access;
+  return r.to ? RespStep::execute : RespStep::error;
+}
+
+Engine::RespStep Engine::execute(Qp &qp, Request &r) {
+  if (r.is_send) {
+    if (execute_send(qp, qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
+    // The receive buffer was unmapped: the WQE completes with a local
+    // protection error, the requester gets a remote operational error.
+    complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
+    r.err = RespErr::rem_op;
+    return RespStep::error;
+  }
+  if (r.is_write) {
+    if (r.len && !guard::copy(r.to, r.v.p.payload, r.len)) {
+      r.err = RespErr::rem_access;
+      return RespStep::error;
+    }
+    qp.resp.write_va += r.len;
+    qp.resp.write_left -= r.len;
+    return RespStep::complete;
+  }
+  // READ or ATOMIC: executed and answered at once (their responses take
+  // the PSNs and carry the ACK).
   qp.resp.nak_sent = false;
-  if (v.p.h.bth.ack_req) {
-    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
-    qp.resp.ack_pending = true;
+  if (r.mask & wire::IS_READ) read_request(qp, r.v, false);
+  else atomic_request(qp, r.v, false);
+  return RespStep::done;
+}
+
+// A message's last packet completes its receive WQE: a SEND's, or the one
+// a WRITE with immediate data consumes. (A placed WRITE's notice: the
+// requester wrote the data into our memory itself, through the gate this
+// QP opened, Engine::update_gate; it completes nothing here.)
+Engine::RespStep Engine::complete(Qp &qp, Request &r) {
+  const wire::Headers &h = r.v.p.h;
+  if (r.is_send) {
+    RecvSink none;
+    complete_send(qp, none, r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
+  } else if (!r.placed) {
+    qp.resp.in_msg = !r.last;
+    qp.resp.in_send = false;
+    if (r.last && (r.mask & wire::HAS_IMMDT))
+      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.resp.write_len, true, h.imm_be,
+                    h.bth.se);
   }
+  return RespStep::acknowledge;
+}
+
+// Taken: the expected PSN moves on; an ACK if the packet asks for one (a
+// placed WRITE's notice always does: its WQE waits for it).
+Engine::RespStep Engine::acknowledge(Qp &qp, Request &r) {
+  accept_request(qp, r.last || r.placed, r.v.p.h.bth.ack_req || r.placed);
+  return RespStep::done;
 }
 
 void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len) {
@@ -479,7 +518,7 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     // (Its pages mapped, looked at now; unmapped later, the NIC's guarded
     // copy drops the response and the resent READ finds them gone.)
     if (!p || !guard::readable(p, r.dma_len))
-      return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
+      return respond_error(qp, RespErr::rem_access, psn);
   }
   uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu;
   qp.resp.epsn = psn_add(qp.resp.epsn, n);
@@ -499,13 +538,6 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
     return;
   }
   const wire::AtomicEth &a = v.p.h.atomic;
-  if (a.va % 8) {
-    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.resp.nak_sent = true;
-    set_state(qp, QpState::err);
-    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
-    return;
-  }
   uint8_t *p = (qp.attr.access & kAccessRemoteAtomic)
                    ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
   auto *word = reinterpret_cast<uint64_t *>(p);
@@ -519,7 +551,7 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
           orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
         }
       }))
-    return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
+    return respond_error(qp, RespErr::rem_access, psn);
   // The last max_dest_rd_atomic results are kept (responder resources).
   qp.resp.res[qp.resp.res_next++ % qp.attr.max_dest_rd_atomic] = {true, psn, orig};
   qp.resp.epsn = psn_add(qp.resp.epsn, 1);

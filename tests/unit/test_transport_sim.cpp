@@ -1556,6 +1556,13 @@ TEST_CASE("the responder answers each error as its class says, NAKing in one pla
     auto settle = [&] { p.run([] { return false; }, p.net.now() + 1'000'000); };
     // The answers once all is sent, the responder's QP state and events.
     auto nak_of = [&](uint8_t code) { return std::pair{wire::aeth_nak(code), psn}; };
+    // Class C: one NAK with code, the QP in ERR, the async event ev.
+    auto fails = [&](uint8_t code, QpEvent ev) {
+      settle();
+      CHECK(r.seen == std::vector{nak_of(code)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{ev});
+    };
 
     SECTION("class B: packets beyond the expected PSN get one sequence NAK") {
       for (uint32_t i = 1; i <= 4; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i), 16);
@@ -1577,18 +1584,12 @@ TEST_CASE("the responder answers each error as its class says, NAKing in one pla
     SECTION("class C, invalid request: a MIDDLE with no message begun") {
       REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
       forge(p, request(wire::Opcode::RC_SEND_MIDDLE, psn), q.attr.pmtu);
-      settle();
-      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
-      CHECK(q.state == QpState::err);
-      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
     }
     SECTION("class C, invalid request: a FIRST shorter than the PMTU") {
       REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
       forge(p, request(wire::Opcode::RC_SEND_FIRST, psn), 64);
-      settle();
-      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
-      CHECK(q.state == QpState::err);
-      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
     }
     SECTION("class C, invalid request: a READ to a QP without responder resources") {
       Engine::QpChange c{q.attr};
@@ -1598,28 +1599,19 @@ TEST_CASE("the responder answers each error as its class says, NAKing in one pla
       wire::Headers h = request(wire::Opcode::RC_READ_REQUEST, psn);
       h.reth = {0x1000, 1, 8};
       forge(p, h, 0);
-      settle();
-      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
-      CHECK(q.state == QpState::err);
-      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
     }
     SECTION("class C, invalid request: an ATOMIC on a word not 8-byte aligned") {
       wire::Headers h = request(wire::Opcode::RC_FETCH_ADD, psn);
       h.atomic = {0x1004, 1, 1, 0};
       forge(p, h, 0);
-      settle();
-      CHECK(r.seen == std::vector{nak_of(wire::NAK_INVALID_REQUEST)});
-      CHECK(q.state == QpState::err);
-      CHECK(p.b.events.seen == std::vector{QpEvent::req_err});
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
     }
     SECTION("class C, remote access error: a WRITE through an unknown rkey") {
       wire::Headers h = request(wire::Opcode::RC_WRITE_ONLY, psn);
       h.reth = {0x1000, 77, 16};
       forge(p, h, 16);
-      settle();
-      CHECK(r.seen == std::vector{nak_of(wire::NAK_REMOTE_ACCESS)});
-      CHECK(q.state == QpState::err);
-      CHECK(p.b.events.seen == std::vector{QpEvent::access_err});
+      fails(wire::NAK_REMOTE_ACCESS, QpEvent::access_err);
     }
     SECTION("class C, remote operational error: the receive buffer unmapped") {
       void *m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -31,7 +31,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     errno = ENOMEM;
     return nullptr;
   }
-  // Report what the QP really has (the caller reads it back, C11-...).
+  // Report what the QP really has (the caller reads it back).
   cap.max_send_wr = std::max(cap.max_send_wr, 1u);
   cap.max_recv_wr = std::max(cap.max_recv_wr, 1u);
   cap.max_send_sge = rc::kMaxSge;
@@ -288,7 +288,7 @@ static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool
   return mr->map(in.addr, in.length);
 }
 
-// Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
+// Local checks of one scatter/gather list (IBA 10.7.2.2): the lkey
 // names an MR of the QP's PD that covers the range, with local write access
 // where data will be written. Fills the transport's SGEs.
 // *total: the bytes they add up to.

@@ -307,7 +307,7 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
   requester_tx(qp);
 }
 
-// A PSN sequence NAK (IBA 9.7.5.1.3 on the requester's side): everything
+// A PSN sequence NAK (the responder's class B error): everything
 // before psn is acknowledged, psn is resent (alone where the peer keeps
 // what follows a gap, resend_one; else everything from it).
 void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
@@ -324,9 +324,9 @@ void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
   requester_tx(qp);
 }
 
-// Any other NAK (IBA 9.7.5.2.4, the responder's class C errors): what
-// came before psn is acknowledged, the WQE holding psn fails with the
-// status the code gives, and the QP with it.
+// Any other NAK (IBA 9.7.5.2.4, the NAK codes; the responder's class C
+// errors): what came before psn is acknowledged, the WQE holding psn fails
+// with the status the code gives, and the QP with it.
 void Engine::error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code) {
   count(Counter::other_naks_rcvd);
   ack_through(qp, psn_add(psn, kPsnMask));

@@ -178,7 +178,7 @@ void Engine::update_gate(Qp &qp, bool live) {
   qp.local.gate_open = open;
 }
 
-// IBA 10.3.1 / C10-?: in the Error state every outstanding and every newly
+// IBA 10.3.1: in the Error state every outstanding and every newly
 // posted WR completes with "flushed".
 void Engine::flush_queues(Qp &qp) {
   qp.comp.ack_deadline = qp.comp.rnr_deadline = 0;
@@ -498,7 +498,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     return;
   }
   if (v.p.info->mask & wire::IS_REQUEST) {
-    // C10-?: a QP in RESET or INIT drops requests; RTR and later respond.
+    // A QP in RESET or INIT drops requests (IBA 10.3.1); RTR and later respond.
     if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err) {
       count(Counter::unknown_qp_drops);
       return;

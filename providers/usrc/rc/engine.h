@@ -69,7 +69,8 @@ class Engine {
   // its packets leave from that port; from its own port where that one
   // could not be bound, see UdpNic::source_fd).
   static bool from_peer(const Qp &qp, net::Endpoint src) {
-    return src.ip == qp.attr.peer.ip && (src.port == qp.attr.peer.port || (qp.attr.sport && src.port == qp.attr.sport));
+    const QpAttrs &a = qp.attr;
+    return src.ip == a.peer.ip && (src.port == a.peer.port || (a.sport && src.port == a.sport));
   }
   // One modify_qp, as the verbs glue (or a test) hands it over once it has
   // checked it (the attributes' values and the state transition, IBA
@@ -102,7 +103,8 @@ class Engine {
   bool small_ready(const Qp &qp, uint64_t len) const {
     return qp.local.in_place && len <= kTxCopy && len <= qp.attr.pmtu && qp.state == QpState::rts &&
            !qp.comp.rnr_deadline && !qp.attr.rate_bps &&
-           (qp.req.tx_psn == qp.req.next_psn || (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
+           (qp.req.tx_psn == qp.req.next_psn ||
+            (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
@@ -247,8 +249,8 @@ class Engine {
     if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
     qp.resp.ack_pending = true;
   }
-  // The first request taken (IBA 10.3.1.2: a QP in RTR reports
-  // IBV_EVENT_COMM_EST).
+  // The first request taken: a QP still in RTR reports it
+  // (IBV_EVENT_COMM_EST).
   [[gnu::always_inline]] void note_first_request(Qp &qp) {
     if (!qp.resp.comm_est) [[unlikely]] first_request(qp);
   }

@@ -323,7 +323,8 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // alone (sel_acked). A probe (check_timers) resends una the same way.
 // False: go back N.
 bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
-  if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.comp.rnr_deadline) return false;   // (as requester_tx)
+  if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.comp.rnr_deadline)
+    return false;   // (as requester_tx)
   if (qp.req.sel.skip && !probe) {
     qp.req.sel.skip--;
     return false;

@@ -360,7 +360,8 @@ Engine::RespStep Engine::check_op_valid(Qp &qp, Request &r) {
 // Payload sizes (class C): FIRST and MIDDLE are exactly one PMTU, a LAST
 // after them not empty, nothing larger than the PMTU.
 Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
-  if (!r.placed && ((!r.last && r.len != qp.attr.pmtu) || r.len > qp.attr.pmtu || (r.last && !r.first && r.len == 0)))
+  const uint32_t pmtu = qp.attr.pmtu;
+  if (!r.placed && ((!r.last && r.len != pmtu) || r.len > pmtu || (r.last && !r.first && r.len == 0)))
     return RespStep::error;   // (inv_req)
   note_first_request(qp);
   return r.placed ? RespStep::complete : RespStep::check_resource;

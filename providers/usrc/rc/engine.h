@@ -255,8 +255,9 @@ class Engine {
     if (!qp.resp.comm_est) [[unlikely]] first_request(qp);
   }
   void first_request(Qp &qp);
-  bool execute_send(Qp &qp, uint32_t off, const uint8_t *src, uint32_t len);
-  void complete_send(Qp &qp, RecvSink &k, bool last, bool imm, uint32_t imm_be, bool solicited);
+  bool execute_send(Qp &qp, const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len);
+  void complete_send(Qp &qp, RecvSink &k, const RecvWqe &r, bool last, bool imm, uint32_t imm_be,
+                     bool solicited);
   // A request taken in order: the expected PSN moves on, a message's last
   // packet counts in the MSN, the NAK-once flag clears, an ACK is due if
   // asked for (acknowledge's state change; fast_sends' for each packet).
@@ -287,10 +288,10 @@ class Engine {
   void recv_sink_done(const RecvSink &k) {
     if (k.out) direct.n = static_cast<uint32_t>(k.out - direct.wc);
   }
-  // The receive WQE at the head completes (and is popped).
-  [[gnu::always_inline]] void complete_recv(Qp &qp, RecvSink &k, WcStatus st, WcOpcode op, uint32_t len,
-                                            bool imm, uint32_t imm_be, bool solicited) {
-    const RecvWqe &r = qp.rq.front();
+  // The receive WQE r, the oldest not yet completed, completes (the
+  // caller pops it: fast_sends pops a run of them at once).
+  [[gnu::always_inline]] void complete_recv(Qp &qp, RecvSink &k, const RecvWqe &r, WcStatus st, WcOpcode op,
+                                            uint32_t len, bool imm, uint32_t imm_be, bool solicited) {
     if (k.out != k.end) {
       *k.out++ = {r.wr.wr_id, uint32_t(st), uint32_t(op), 0, len, imm_be, qp.qpn, qp.attr.dest_qpn,
                   imm ? kWcWithImm : 0, 0, qp.attr.dlid, 0, 0};
@@ -298,12 +299,13 @@ class Engine {
       push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn,
                         qp.attr.dlid, stamp()});
     }
-    qp.rq.pop();
   }
+  // The same for the head, into the CQ, popped.
   void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm, uint32_t imm_be,
                      bool solicited) {
     RecvSink none;
-    complete_recv(qp, none, st, op, len, imm, imm_be, solicited);
+    complete_recv(qp, none, qp.rq.front(), st, op, len, imm, imm_be, solicited);
+    qp.rq.pop();
   }
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);

@@ -110,22 +110,23 @@ void Engine::respond_error(Qp &qp, RespErr err, uint32_t psn) {
   }
 }
 
-// execute for a SEND packet: its payload into the head receive WQE at off
-// (0 for a FIRST or ONLY), which it fits (check_resource); false if the
-// buffer is no longer mapped.
-[[gnu::always_inline]] inline bool Engine::execute_send(Qp &qp, uint32_t off, const uint8_t *src, uint32_t len) {
-  if (!place_send(qp.rq.front(), off, src, len)) [[unlikely]] return false;
+// execute for a SEND packet: its payload into the receive WQE r (the head)
+// at off (0 for a FIRST or ONLY), which it fits (check_resource); false if
+// the buffer is no longer mapped.
+[[gnu::always_inline]] inline bool Engine::execute_send(Qp &qp, const RecvWqe &r, uint32_t off, const uint8_t *src,
+                                                        uint32_t len) {
+  if (!place_send(r, off, src, len)) [[unlikely]] return false;
   qp.resp.recv_offset = off + len;
   return true;
 }
 
 // complete for a SEND packet: a message's last packet completes its
-// receive WQE.
-[[gnu::always_inline]] inline void Engine::complete_send(Qp &qp, RecvSink &k, bool last, bool imm, uint32_t imm_be,
-                                                         bool solicited) {
+// receive WQE r (the caller pops it).
+[[gnu::always_inline]] inline void Engine::complete_send(Qp &qp, RecvSink &k, const RecvWqe &r, bool last, bool imm,
+                                                         uint32_t imm_be, bool solicited) {
   qp.resp.in_msg = !last;
   qp.resp.in_send = true;
-  if (last) complete_recv(qp, k, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, imm_be, solicited);
+  if (last) complete_recv(qp, k, r, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, imm_be, solicited);
 }
 
 void Engine::first_request(Qp &qp) {
@@ -162,6 +163,8 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   const size_t most = std::min<uint64_t>(n, qp->rq.tail - qp->rq.head);
   RecvSink sink = recv_sink(*qp);
   const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
+  // The receives, walked by pointer and popped together.
+  const RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
   size_t k = 0;
   for (; k < most; k++) {
     const net::RxPacket &pkt = pkts[k];
@@ -187,15 +190,16 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     const uint32_t imm_be =
         imm ? wire::immdt::get_be(b + wire::info_of(Opcode::RC_SEND_ONLY_IMM).offset[wire::IMMDT]) : 0;
     const uint32_t len = body - pad;
-    const RecvWqe &r = qp->rq.front();
     // check_length, check_resource's receive length; then execute
     // (a receive buffer unmapped: the general path fails it), complete
     // and acknowledge.
-    if (len > pmtu || len > r.length || !execute_send(*qp, 0, b + hl, len)) break;
-    complete_send(*qp, sink, true, imm, imm_be, solicited);
+    if (len > pmtu || len > r->length || !execute_send(*qp, *r, 0, b + hl, len)) break;
+    complete_send(*qp, sink, *r, true, imm, imm_be, solicited);
     accept_request(*qp, true, ack_req);
     bytes += pkt.len;
+    if (++r == rq_end) r = rq_begin;
   }
+  qp->rq.pop(static_cast<uint32_t>(k));
   recv_sink_done(sink);
   if (!k) return 0;
   count(Counter::rx_packets, k);
@@ -408,7 +412,7 @@ Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
 
 Engine::RespStep Engine::execute(Qp &qp, Request &r) {
   if (r.is_send) {
-    if (execute_send(qp, qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
+    if (execute_send(qp, qp.rq.front(), qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
     // The receive buffer was unmapped: the WQE completes with a local
     // protection error, the requester gets a remote operational error.
     complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
@@ -440,7 +444,8 @@ Engine::RespStep Engine::complete(Qp &qp, Request &r) {
   const wire::Headers &h = r.v.p.h;
   if (r.is_send) {
     RecvSink none;
-    complete_send(qp, none, r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
+    complete_send(qp, none, qp.rq.front(), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
+    if (r.last) qp.rq.pop();
   } else if (!r.placed) {
     qp.resp.in_msg = !r.last;
     qp.resp.in_send = false;

@@ -193,22 +193,9 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
     count(Counter::malformed_drops);
     return;
   }
-  // Scatter into the WQE's local buffers at off.
-  const uint8_t *src = v.p.payload;
-  uint32_t skip = off, left = want;
-  for (uint32_t i = 0; i < w.wr.num_sge && left; i++) {
-    const Sge &g = w.wr.sge[i];
-    if (skip >= g.length) {
-      skip -= g.length;
-      continue;
-    }
-    uint32_t n = std::min(g.length - skip, left);
-    // (The buffer unmapped: a local protection error, IBA 10.8.3.1.)
-    if (!guard::copy(g.addr + skip, src, n)) return fail_head(qp, WcStatus::loc_prot_err);
-    src += n;
-    left -= n;
-    skip = 0;
-  }
+  // Into the WQE's local buffers at off (one of them unmapped: a local
+  // protection error, IBA 10.8.3.1).
+  if (!scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
   qp.comp.una_psn = psn_add(psn, 1);
   if (last) complete_head(qp);
   advanced(qp);

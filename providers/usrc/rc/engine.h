@@ -41,6 +41,11 @@ struct EngineHooks {
   ~EngineHooks() = default;
 };
 
+// Copies len bytes from src into a scatter/gather list at offset off (a
+// receive WQE's buffers, a READ's); false if one of them is no longer
+// mapped (guard.h).
+bool scatter(const Sge *sge, uint32_t num_sge, uint32_t off, const uint8_t *src, uint32_t len);
+
 constexpr uint32_t kAccessRemoteWrite = 2, kAccessRemoteRead = 4, kAccessRemoteAtomic = 8;
 
 class Engine {

@@ -300,18 +300,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   }
   // Gather the payload straight from the registered buffers (no copy).
   size_t pieces = 0;
-  uint32_t skip = off, need = len;
-  for (uint32_t i = 0; i < w.wr.num_sge && need; i++) {
-    const Sge &g = w.wr.sge[i];
-    if (skip >= g.length) {
-      skip -= g.length;
-      continue;
-    }
-    uint32_t take = std::min(g.length - skip, need);
-    s.iov[1 + pieces++] = {g.addr + skip, take};
-    need -= take;
-    skip = 0;
-  }
+  for_each_piece(w.wr.sge, w.wr.num_sge, off, len, [&](uint8_t *p, uint32_t n) {
+    s.iov[1 + pieces++] = {p, n};
+    return true;
+  });
   tx_commit(qp, hl, len, pieces);
 }
 

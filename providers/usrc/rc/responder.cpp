@@ -36,34 +36,31 @@ bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
   return true;
 }
 
-void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
+// The headers of a response to qp's peer: opcode op for psn, an AETH of
+// syndrome and our MSN.
+static wire::Headers response_headers(const Qp &qp, uint8_t op, uint32_t psn, uint8_t syndrome) {
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE);
+  h.bth.opcode = op;
   h.bth.pkey = 0xffff;
   h.bth.dest_qp = qp.attr.dest_qpn;
   h.bth.psn = psn;
   h.aeth = {syndrome, qp.resp.msn};
+  return h;
+}
+
+void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
+  const wire::Headers h = response_headers(qp, uint8_t(Opcode::RC_ACKNOWLEDGE), psn, syndrome);
   TxSlot &s = tx_slot();
   size_t hl = wire::build_headers(h, 0, s.hdr);
   tx_commit(qp, hl, 0, 0);
 }
 
-// Scatter len bytes at offset off of the receive WQE's buffers; false if
-// one of them is no longer mapped (guard.h).
-[[gnu::noinline]] static bool scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
-  for (uint32_t i = 0; i < r.wr.num_sge && len; i++) {
-    const Sge &g = r.wr.sge[i];
-    if (off >= g.length) {
-      off -= g.length;
-      continue;
-    }
-    uint32_t n = std::min(g.length - off, len);
-    if (!guard::copy(g.addr + off, src, n)) return false;
+[[gnu::noinline]] bool scatter(const Sge *sge, uint32_t num_sge, uint32_t off, const uint8_t *src, uint32_t len) {
+  return for_each_piece(sge, num_sge, off, len, [&](uint8_t *to, uint32_t n) {
+    if (!guard::copy(to, src, n)) return false;
     src += n;
-    len -= n;
-    off = 0;
-  }
-  return true;
+    return true;
+  });
 }
 
 // A SEND's payload into the receive WQE r at offset off (the caller checked
@@ -72,7 +69,7 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
 [[gnu::always_inline]] static inline bool place_send(const RecvWqe &r, uint32_t off, const uint8_t *src,
                                                      uint32_t len) {
   if (r.wr.num_sge == 1) return guard::copy(r.wr.sge[0].addr + off, src, len);
-  return scatter(r, off, src, len);
+  return scatter(r.wr.sge, r.wr.num_sge, off, src, len);
 }
 
 // What the responder answers a request it does not take (RespErr): the
@@ -468,12 +465,9 @@ void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint
   for (uint32_t k = 0; k < n; k++) {
     uint32_t off = k * qp.attr.pmtu, l = std::min(qp.attr.pmtu, len - off);
     bool first = k == 0, last = k + 1 == n;
-    wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]);
-    h.bth.pkey = 0xffff;
-    h.bth.dest_qp = qp.attr.dest_qpn;
-    h.bth.psn = psn_add(psn, k);
-    h.aeth = {wire::aeth_ack(), qp.resp.msn};
+    const wire::Headers h =
+        response_headers(qp, uint8_t(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]),
+                         psn_add(psn, k), wire::aeth_ack());
     TxSlot &s = tx_slot();
     size_t hl = wire::build_headers(h, l, s.hdr);
     size_t pieces = 0;
@@ -483,12 +477,7 @@ void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint
 }
 
 void Engine::send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig) {
-  wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ATOMIC_ACKNOWLEDGE);
-  h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.attr.dest_qpn;
-  h.bth.psn = psn;
-  h.aeth = {wire::aeth_ack(), qp.resp.msn};
+  wire::Headers h = response_headers(qp, uint8_t(Opcode::RC_ATOMIC_ACKNOWLEDGE), psn, wire::aeth_ack());
   h.atomic_ack = orig;
   TxSlot &s = tx_slot();
   tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);

@@ -60,6 +60,24 @@ struct Sge {
   uint32_t length;
 };
 
+// The pieces of bytes [off, off + len) of a scatter/gather list, in order:
+// f(address, length) for each, until f returns false (then false).
+template <class F>
+inline bool for_each_piece(const Sge *sge, uint32_t num_sge, uint32_t off, uint32_t len, F f) {
+  for (uint32_t i = 0; i < num_sge && len; i++) {
+    const Sge &g = sge[i];
+    if (off >= g.length) {
+      off -= g.length;
+      continue;
+    }
+    const uint32_t n = g.length - off < len ? g.length - off : len;
+    if (!f(g.addr + off, n)) return false;
+    len -= n;
+    off = 0;
+  }
+  return true;
+}
+
 struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::send;

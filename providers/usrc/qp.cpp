@@ -31,7 +31,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     errno = ENOMEM;
     return nullptr;
   }
-  // Report what the QP really has (the caller reads it back, C11-...).
+  // Report what the QP really has (the caller reads it back).
   cap.max_send_wr = std::max(cap.max_send_wr, 1u);
   cap.max_recv_wr = std::max(cap.max_recv_wr, 1u);
   cap.max_send_sge = rc::kMaxSge;
@@ -196,28 +196,32 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if ((mask & IBV_QP_RATE_LIMIT) && attr->rate_limit &&
       (attr->rate_limit < kMinRateLimitKbps || attr->rate_limit > kMaxRateLimitKbps))
     return EINVAL;
-  net::Endpoint peer = t.peer;
+  net::Endpoint peer = t.attr.peer;
   if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
     const ibv_ah_attr &ah = (mask & IBV_QP_AV) ? attr->ah_attr : qp->attr.ah_attr;
     uint32_t dqpn = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : qp->attr.dest_qp_num;
     if (int e = resolve_peer(cfg, ah, dqpn, &peer)) return e;
   }
 
-  // Apply.
+  // Apply: the verbs attributes kept for query_qp, the transport's handed
+  // to the engine in one change.
   ibv_qp_attr &s = qp->attr;
+  rc::Engine::QpChange ch;
+  rc::QpAttrs &ta = ch.attr;
+  ta = t.attr;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
   if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
-  if (mask & IBV_QP_ACCESS_FLAGS) t.access = s.qp_access_flags = attr->qp_access_flags;
+  if (mask & IBV_QP_ACCESS_FLAGS) ta.access = s.qp_access_flags = attr->qp_access_flags;
   if (mask & IBV_QP_AV) {
     s.ah_attr = attr->ah_attr;
     const ibv_ah_attr &ah = attr->ah_attr;
-    t.dlid = ah.dlid;
+    ta.dlid = ah.dlid;
     // The path on the wire: with a GRH, its traffic class is the IP TOS
     // byte, its hop limit the TTL, its flow label the UDP source port (RoCE
     // v2); without one, the SL is the DSCP.
-    t.tos = ah.is_global ? ah.grh.traffic_class : uint8_t(ah.sl << 2);
-    t.ttl = ah.is_global ? ah.grh.hop_limit : 0;
-    t.sport = ah.is_global && ah.grh.flow_label ? uint16_t(0xc000 | (ah.grh.flow_label & 0x3fff)) : 0;
+    ta.tos = ah.is_global ? ah.grh.traffic_class : uint8_t(ah.sl << 2);
+    ta.ttl = ah.is_global ? ah.grh.hop_limit : 0;
+    ta.sport = ah.is_global && ah.grh.flow_label ? uint16_t(0xc000 | (ah.grh.flow_label & 0x3fff)) : 0;
   }
   if (mask & IBV_QP_RATE_LIMIT) s.rate_limit = attr->rate_limit;
   if (mask & (IBV_QP_AV | IBV_QP_RATE_LIMIT)) {
@@ -226,30 +230,27 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
     if (s.ah_attr.static_rate)
       bps = uint64_t(ibv_rate_to_mbps(ibv_rate(s.ah_attr.static_rate))) * 1000000;
     if (s.rate_limit && (!bps || uint64_t(s.rate_limit) * 1000 < bps)) bps = uint64_t(s.rate_limit) * 1000;
-    t.rate_bps = bps;
+    ta.rate_bps = bps;
   }
-  if (mask & IBV_QP_DEST_QPN) t.dest_qpn = s.dest_qp_num = attr->dest_qp_num & wire::kMask24;
-  t.peer = peer;
-  if (mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) {
-    c.engine().nic().add_peer(peer);
-    t.local_path = c.engine().nic().same_host(peer);
-  }
+  if (mask & IBV_QP_DEST_QPN) ta.dest_qpn = s.dest_qp_num = attr->dest_qp_num & wire::kMask24;
+  ta.peer = peer;
+  ch.new_peer = mask & (IBV_QP_AV | IBV_QP_DEST_QPN);
   if (mask & IBV_QP_PATH_MTU) {
     s.path_mtu = attr->path_mtu;
-    t.pmtu = mtu_bytes(attr->path_mtu);
+    ta.pmtu = mtu_bytes(attr->path_mtu);
   }
-  if (mask & IBV_QP_RQ_PSN) c.engine().set_rq_psn(t, s.rq_psn = attr->rq_psn & rc::kPsnMask);
-  if (mask & IBV_QP_SQ_PSN) c.engine().set_sq_psn(t, s.sq_psn = attr->sq_psn & rc::kPsnMask);
-  if (mask & IBV_QP_TIMEOUT) t.timeout = s.timeout = attr->timeout;
-  if (mask & IBV_QP_RETRY_CNT) t.retry_cnt = s.retry_cnt = attr->retry_cnt;
-  if (mask & IBV_QP_RNR_RETRY) t.rnr_retry = s.rnr_retry = attr->rnr_retry;
-  if (mask & IBV_QP_MIN_RNR_TIMER) t.min_rnr_timer = s.min_rnr_timer = attr->min_rnr_timer;
-  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) t.max_rd_atomic = s.max_rd_atomic = attr->max_rd_atomic;
+  if (mask & IBV_QP_RQ_PSN) ch.set_rq_psn = true, ch.rq_psn = s.rq_psn = attr->rq_psn & rc::kPsnMask;
+  if (mask & IBV_QP_SQ_PSN) ch.set_sq_psn = true, ch.sq_psn = s.sq_psn = attr->sq_psn & rc::kPsnMask;
+  if (mask & IBV_QP_TIMEOUT) ta.timeout = s.timeout = attr->timeout;
+  if (mask & IBV_QP_RETRY_CNT) ta.retry_cnt = s.retry_cnt = attr->retry_cnt;
+  if (mask & IBV_QP_RNR_RETRY) ta.rnr_retry = s.rnr_retry = attr->rnr_retry;
+  if (mask & IBV_QP_MIN_RNR_TIMER) ta.min_rnr_timer = s.min_rnr_timer = attr->min_rnr_timer;
+  if (mask & IBV_QP_MAX_QP_RD_ATOMIC) ta.max_rd_atomic = s.max_rd_atomic = attr->max_rd_atomic;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
-    t.max_dest_rd_atomic = s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+    ta.max_dest_rd_atomic = s.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   if (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) s.en_sqd_async_notify = attr->en_sqd_async_notify;
   if (next == IBV_QPS_SQD && cur != IBV_QPS_SQD)
-    t.sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
+    ta.sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && attr->en_sqd_async_notify;
   if (next == IBV_QPS_RESET) {
     // Back to RESET forgets the connection (IBA 10.3.1.1).
     ibv_qp_cap cap = s.cap;
@@ -257,7 +258,8 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
     s.cap = cap;
   }
   s.qp_state = s.cur_qp_state = next;
-  c.engine().set_state(t, to_rc(next));
+  ch.state = to_rc(next);
+  c.engine().modify(t, ch);
   g.unlock();
   c.kick();
   return 0;
@@ -286,7 +288,7 @@ static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool
   return mr->map(in.addr, in.length);
 }
 
-// Local checks of one scatter/gather list (IBA 10.7.2.2 / C10-...): the lkey
+// Local checks of one scatter/gather list (IBA 10.7.2.2): the lkey
 // names an MR of the QP's PD that covers the range, with local write access
 // where data will be written. Fills the transport's SGEs.
 // *total: the bytes they add up to.

@@ -50,7 +50,7 @@ using Opener = std::function<std::unique_ptr<net::Nic>(net::Endpoint, std::strin
 // How run_backend's sender and receiver behave. Default: 200 SENDs of 0 to
 // 8000 bytes, each receive posted up front, the QPs not taken for local.
 struct Mode {
-  // The QPs take each other for peers on this host (Qp::local_path, no
+  // The QPs take each other for peers on this host (LocalPath::same_host, no
   // ICRC): with the shared-memory ring, small messages are built in place
   // (Engine::send_direct).
   bool local = false;
@@ -81,24 +81,30 @@ void run_backend(const char *name, Opener open, Mode mode = {}) {
   auto connect = [local](Engine &e, Qp &q, Cq &s, Cq &r, const Qp &peer, net::Endpoint pe) {
     q.send_cq = &s;
     q.recv_cq = &r;
-    q.dest_qpn = peer.qpn;
-    q.peer = pe;
-    q.pmtu = 1024;
-    q.timeout = 14;
-    q.retry_cnt = 7;
-    q.rnr_retry = 7;
-    q.min_rnr_timer = 1;
-    q.local_path = local;
-    e.nic().add_peer(pe);
-    e.set_state(q, QpState::init);
-    e.set_rq_psn(q, 0);
-    e.set_state(q, QpState::rtr);
-    e.set_sq_psn(q, 0);
-    e.set_state(q, QpState::rts);
+    Engine::QpChange c;
+    c.attr.dest_qpn = peer.qpn;
+    c.attr.peer = pe;
+    c.attr.pmtu = 1024;
+    c.attr.timeout = 14;
+    c.attr.retry_cnt = 7;
+    c.attr.rnr_retry = 7;
+    c.attr.min_rnr_timer = 1;
+    c.new_peer = true;
+    c.state = QpState::init;
+    e.modify(q, c);
+    q.local.same_host = local;   // (both on 127.0.0.1: taken for local or not, as the mode says)
+    c = {q.attr};
+    c.set_rq_psn = true;
+    c.state = QpState::rtr;
+    e.modify(q, c);
+    c = {q.attr};
+    c.set_sq_psn = true;
+    c.state = QpState::rts;
+    e.modify(q, c);
   };
   connect(a, *qa, scq, unused, *qb, eb);
   connect(b, *qb, unused, rcq, *qa, ea);
-  if (mode.local) REQUIRE(qa->in_place);   // (a ring between them)
+  if (mode.local) REQUIRE(qa->local.in_place);   // (a ring between them)
 
   const int n = mode.small_mix ? 2000 : 200;
   std::mt19937 rng(5);

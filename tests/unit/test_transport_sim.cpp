@@ -3,6 +3,7 @@
 // duplication, reordering, delay and corruption, and the right error
 // statuses when the peer vanishes or retries run out.
 #include <arpa/inet.h>
+#include <sys/mman.h>
 
 #include <catch2/catch.hpp>
 
@@ -40,9 +41,16 @@ struct Mem final : MemoryAccess {
   }
 };
 
+// The async events an engine raised, in order.
+struct Events final : EngineHooks {
+  std::vector<QpEvent> seen;
+  void qp_event(Qp &, QpEvent ev) override { seen.push_back(ev); }
+};
+
 struct Side {
   Cq scq{65536, nullptr}, rcq{65536, nullptr};
   Mem mem;
+  Events events;
   std::unique_ptr<Engine> e;
   Qp *qp = nullptr;
 };
@@ -68,8 +76,8 @@ struct Pair {
       REQUIRE(t);
       return t;
     };
-    a.e = std::make_unique<Engine>(nic(ea, "a"), 1, kBase, clock, &a.mem, nullptr);
-    b.e = std::make_unique<Engine>(nic(eb, "b"), 2, kBase, clock, &b.mem, nullptr);
+    a.e = std::make_unique<Engine>(nic(ea, "a"), 1, kBase, clock, &a.mem, &a.events);
+    b.e = std::make_unique<Engine>(nic(eb, "b"), 2, kBase, clock, &b.mem, &b.events);
     a.qp = a.e->create_qp(depth, depth);
     b.qp = b.e->create_qp(depth, depth);
     connect(a, *a.qp, b.qp->qpn, eb, pmtu, psn_a, psn_b);
@@ -81,30 +89,42 @@ struct Pair {
                       uint32_t my_psn, uint32_t peer_psn) {
     q.send_cq = &s.scq;
     q.recv_cq = &s.rcq;
-    q.dest_qpn = dest_qpn;
-    q.peer = pe;
-    q.pmtu = pmtu;
-    q.access = kAccessRemoteWrite;
-    q.timeout = 10;        // 4 ms
-    q.retry_cnt = 7;
-    q.rnr_retry = 7;
-    q.min_rnr_timer = 1;   // 10 us
-    s.e->set_state(q, QpState::init);
-    s.e->set_rq_psn(q, peer_psn);
-    s.e->set_state(q, QpState::rtr);
-    s.e->set_sq_psn(q, my_psn);
-    s.e->set_state(q, QpState::rts);
+    // The three modify_qp calls of a verbs application, as the glue hands
+    // them to the engine.
+    Engine::QpChange c;
+    c.attr.access = kAccessRemoteWrite;
+    c.state = QpState::init;
+    s.e->modify(q, c);
+    c.attr.dest_qpn = dest_qpn;
+    c.attr.peer = pe;
+    c.new_peer = true;
+    c.attr.pmtu = pmtu;
+    c.attr.min_rnr_timer = 1;   // 10 us
+    c.set_rq_psn = true, c.rq_psn = peer_psn;
+    c.state = QpState::rtr;
+    s.e->modify(q, c);
+    c = {q.attr};
+    c.attr.timeout = 10;        // 4 ms
+    c.attr.retry_cnt = 7;
+    c.attr.rnr_retry = 7;
+    c.set_sq_psn = true, c.sq_psn = my_psn;
+    c.state = QpState::rts;
+    s.e->modify(q, c);
   }
   // Both QPs on one host's loopback (net::Nic::same_host): no ICRC, small
   // messages built in place (the SimNic offers tx_begin there, as the
-  // shared-memory ring does; Qp::in_place is looked up on entering RTS),
-  // and small SENDs take the responder's short path.
+  // shared-memory ring does; LocalPath::in_place is looked up on entering
+  // RTS), and small SENDs take the responder's short path.
   void same_host() {
     net.loopback = true;
-    a.qp->local_path = b.qp->local_path = true;
-    a.e->set_state(*a.qp, QpState::rts);
-    b.e->set_state(*b.qp, QpState::rts);
-    REQUIRE(a.qp->in_place);
+    for (Side *s : {&a, &b}) {
+      Engine::QpChange c{s->qp->attr};
+      c.new_peer = true;   // (the path looked up again: now on this host)
+      c.state = QpState::rts;
+      s->e->modify(*s->qp, c);
+    }
+    REQUIRE(a.qp->local.same_host);
+    REQUIRE(a.qp->local.in_place);
   }
   bool collect(std::vector<Completion> &sc, size_t ns, std::vector<Completion> *rcv = nullptr,
                size_t nr = 0);
@@ -285,7 +305,7 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
       REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 64 * i, 64, i)) == 0);
     for (int i = 0; i < 8; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 64, i)) == 0);
     // The first left at once; the others wait to be built with later posts.
-    REQUIRE(p.a.qp->tx_psn != p.a.qp->next_psn);
+    REQUIRE(p.a.qp->req.tx_psn != p.a.qp->req.next_psn);
     p.a.e->set_state(*p.a.qp, QpState::sqd);
     std::vector<Completion> sc;
     REQUIRE(p.collect(sc, 8));
@@ -316,11 +336,14 @@ TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; R
     Qp *qa = p.a.e->create_qp(4096, 4096), *qb = p.b.e->create_qp(4096, 4096);
     Pair::connect(p.a, *qa, qb->qpn, p.b.e->nic().local(), 1024, 1, 1);
     Pair::connect(p.b, *qb, qa->qpn, p.a.e->nic().local(), 1024, 1, 1);
-    qa->local_path = qb->local_path = true;
     p.same_host();
-    p.a.e->set_state(*qa, QpState::rts);
-    p.b.e->set_state(*qb, QpState::rts);
-    REQUIRE(qa->in_place);
+    for (auto [e, q] : {std::pair{p.a.e.get(), qa}, std::pair{p.b.e.get(), qb}}) {
+      Engine::QpChange c{q->attr};
+      c.new_peer = true;
+      c.state = QpState::rts;
+      e->modify(*q, c);
+    }
+    REQUIRE(qa->local.in_place);
     constexpr int n = 300;
     std::vector<uint8_t> tx(2 * n * 48), rx(2 * n * 64, 0);
     for (size_t i = 0; i < tx.size(); i++) tx[i] = static_cast<uint8_t>(i * 7 + i / 251);
@@ -441,15 +464,15 @@ TEST_CASE("tracing a same-host pair changes nothing, and the trace holds the pac
 TEST_CASE("PSNs roll over from FFFFFFh to 0", "[sim]") {
   Pair p(5, {}, 256, 0xfffff0, 0xffffe0);
   send_messages(p, 40, 2000, 9);
-  CHECK(psn_lt(0xfffff0, p.a.qp->next_psn));
-  CHECK(p.a.qp->next_psn < 0x1000);   // wrapped
+  CHECK(psn_lt(0xfffff0, p.a.qp->req.next_psn));
+  CHECK(p.a.qp->req.next_psn < 0x1000);   // wrapped
 }
 
 TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then flushes", "[sim]") {
   Pair p(3);
-  p.a.qp->retry_cnt = 3;
+  p.a.qp->attr.retry_cnt = 3;
   p.a.e->set_state(*p.a.qp, QpState::rts);
-  p.a.qp->retry_left = 3;
+  p.a.qp->comp.retry_left = 3;
   p.net.set_partitioned(p.b.e->nic().local(), true);
   std::vector<uint8_t> buf(100, 1);
   for (int i = 0; i < 3; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, i)) == 0);
@@ -476,7 +499,7 @@ TEST_CASE("a vanished peer gives RETRY_EXC_ERR after retry_cnt+1 timeouts, then 
 
 TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local ACK Timeout", "[sim]") {
   Pair p(4);
-  p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s
+  p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s
   p.a.e->set_state(*p.a.qp, QpState::rts);
   std::vector<uint8_t> buf(100, 1), rx(2 * 128);
   auto post = [&](uint64_t id) { post_small_send(p, buf, rx, id); };
@@ -502,10 +525,10 @@ TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local A
   CHECK(p.a.e->counters[uint32_t(Counter::probes)] == 1);
   CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] == 0);
   CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
-  CHECK(p.a.qp->retry_left == p.a.qp->retry_cnt);   // not a retry (IBA 9.7.6.1.3)
+  CHECK(p.a.qp->comp.retry_left == p.a.qp->attr.retry_cnt);   // not a retry (IBA 9.7.6.1.3)
 
   // A vanished peer still takes retry_cnt + 1 Local ACK Timeouts.
-  p.a.qp->timeout = 14;   // 67 ms
+  p.a.qp->attr.timeout = 14;   // 67 ms
   p.net.set_partitioned(p.b.e->nic().local(), true);
   post(0);
   const uint64_t t1 = p.net.now(), resends = p.a.e->counters[uint32_t(Counter::rto_resends)];
@@ -518,7 +541,7 @@ TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local A
 
 TEST_CASE("a retransmission timer that expires twice without progress cuts the window to 8 packets", "[sim]") {
   Pair p(5);
-  p.a.qp->timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
+  p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
   std::vector<uint8_t> buf(100, 1), rx(2 * 128);
   size_t done = 0;
   auto completed = [&](size_t n) {
@@ -529,15 +552,15 @@ TEST_CASE("a retransmission timer that expires twice without progress cuts the w
   };
   post_small_send(p, buf, rx, 0);   // a round trip measured
   REQUIRE(p.run(completed(1)));
-  const uint32_t full = p.a.qp->cwnd;
+  const uint32_t full = p.a.qp->req.cwnd;
   REQUIRE(full > 8);
   p.net.set_partitioned(p.b.e->nic().local(), true);
   post_small_send(p, buf, rx, 1);
   auto rto = [&] { return p.a.e->counters[uint32_t(Counter::rto_resends)]; };
   REQUIRE(p.run([&] { return rto() >= 1; }));
-  CHECK(p.a.qp->cwnd == std::max<uint32_t>(full / 2, 32));   // the first: halved
+  CHECK(p.a.qp->req.cwnd == std::max<uint32_t>(full / 2, 32));   // the first: halved
   REQUIRE(p.run([&] { return rto() >= 2; }));
-  CHECK(p.a.qp->cwnd == 8);                                  // the second: the minimum
+  CHECK(p.a.qp->req.cwnd == 8);                                  // the second: the minimum
   CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
   p.net.set_partitioned(p.b.e->nic().local(), false);
   REQUIRE(p.run(completed(2)));
@@ -545,9 +568,9 @@ TEST_CASE("a retransmission timer that expires twice without progress cuts the w
 
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
   Pair p(4);
-  p.a.qp->rnr_retry = 2;
-  p.a.qp->rnr_left = 2;
-  p.b.qp->min_rnr_timer = 24;   // 40.96 ms in each RNR NAK
+  p.a.qp->attr.rnr_retry = 2;
+  p.a.qp->comp.rnr_left = 2;
+  p.b.qp->attr.min_rnr_timer = 24;   // 40.96 ms in each RNR NAK
   SendWr w;
   w.wr_id = 1;
   w.flags = kSignaled;
@@ -649,7 +672,7 @@ TEST_CASE("RDMA WRITE lands byte-exact; WRITE with immediate consumes a receive"
 
 TEST_CASE("a rate-limited QP is paced at its rate, neither faster nor slower", "[sim]") {
   Pair p(10);
-  p.a.qp->rate_bps = 200'000'000;   // IBV_QP_RATE_LIMIT 200000 kbit/s
+  p.a.qp->attr.rate_bps = 200'000'000;   // IBV_QP_RATE_LIMIT 200000 kbit/s
   std::vector<uint8_t> target(1 << 20), src(1 << 20, 3);
   p.b.mem.regions[77] = {target.data(), 0x10000, target.size(), kAccessRemoteWrite};
   const uint64_t t0 = p.net.now();
@@ -681,8 +704,8 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
   net::SimFaults f;
   f.drop = 0.03;
   Pair p(21, f);
-  p.a.qp->timeout = 20;   // no Local ACK Timeout: only NAKs and the RTO act
-  REQUIRE(p.a.qp->cwnd == 64);
+  p.a.qp->attr.timeout = 20;   // no Local ACK Timeout: only NAKs and the RTO act
+  REQUIRE(p.a.qp->req.cwnd == 64);
   std::vector<uint8_t> target(1 << 20, 0), src(1 << 20);
   for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 13);
   p.b.mem.regions[5] = {target.data(), 0, target.size(), kAccessRemoteWrite};
@@ -697,10 +720,10 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
     w.sge[0] = {src.data() + i * 16384, 16384};
     REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   }
-  uint32_t min_cwnd = p.a.qp->cwnd;
+  uint32_t min_cwnd = p.a.qp->req.cwnd;
   size_t done = 0;
   REQUIRE(p.run([&] {
-    min_cwnd = std::min(min_cwnd, p.a.qp->cwnd);
+    min_cwnd = std::min(min_cwnd, p.a.qp->req.cwnd);
     done += drain(p.a.scq).size();
     return done == 64;
   }));
@@ -748,7 +771,7 @@ static bool write_losing(Pair &p, std::vector<uint32_t> lose) {
 
 TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it", "[sim]") {
   Pair p(31);
-  p.a.qp->timeout = 20;   // no Local ACK Timeout: only the NAK acts
+  p.a.qp->attr.timeout = 20;   // no Local ACK Timeout: only the NAK acts
   auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
   REQUIRE(write_losing(p, {10}));
   CHECK(ctr(p.b, Counter::seq_naks_sent) == 1);
@@ -756,7 +779,7 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
   CHECK(ctr(p.a, Counter::retransmits) == 1);  // the lost one, no more
   CHECK(ctr(p.a, Counter::selective_resends) == 1);
   CHECK(ctr(p.a, Counter::rto_resends) == 0);
-  CHECK(p.b.qp->held == 0);
+  CHECK(p.b.qp->resp.held == 0);
 
   SECTION("two gaps: each NAKed once it is the next, each resent alone") {
     REQUIRE(write_losing(p, {64 + 5, 64 + 9}));
@@ -798,13 +821,13 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
     CHECK(ctr(p.a, Counter::probes) == 1);
     CHECK(ctr(p.a, Counter::retransmits) == (nak ? 2 : 3));
     CHECK(ctr(p.a, Counter::rto_resends) == 0);
-    CHECK(p.b.qp->held == 0);
+    CHECK(p.b.qp->resp.held == 0);
   }
 }
 
 TEST_CASE("a responder that keeps nothing after a gap gets go-back-N", "[sim]") {
   Pair p(32);
-  p.a.qp->timeout = 20;
+  p.a.qp->attr.timeout = 20;
   p.b.e->hold_max = 0;   // USRC_RX_HOLD=0: drops what follows a gap, as IBA allows
   auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
   SECTION("a NAK") {
@@ -836,7 +859,7 @@ TEST_CASE("packets kept beyond a gap: PSN rollover, an RNR on the way, an error"
   auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
   SECTION("PSNs roll over inside the window") {
     Pair p(33, {}, 1024, 0xffffe0, 0);
-    p.a.qp->timeout = 20;
+    p.a.qp->attr.timeout = 20;
     REQUIRE(write_losing(p, {0xfffff0, 0x000005}));
     CHECK(ctr(p.b, Counter::held) > 16);
     CHECK(ctr(p.a, Counter::retransmits) == 2);
@@ -868,7 +891,7 @@ TEST_CASE("packets kept beyond a gap: PSN rollover, an RNR on the way, an error"
       CHECK(rcv[i].byte_len == 2000);
       CHECK(std::memcmp(rx.data() + 2048 * i, tx.data() + 2000 * i, 2000) == 0);
     }
-    CHECK(p.b.qp->held == 0);
+    CHECK(p.b.qp->resp.held == 0);
   }
   SECTION("the responder's QP fails: what it kept goes") {
     Pair p(35);
@@ -883,9 +906,9 @@ TEST_CASE("packets kept beyond a gap: PSN rollover, an RNR on the way, an error"
     w.num_sge = 1;
     w.sge[0] = {src.data(), 16384};
     REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
-    REQUIRE(p.run([&] { return p.b.qp->held >= 12; }));
+    REQUIRE(p.run([&] { return p.b.qp->resp.held >= 12; }));
     p.b.e->set_state(*p.b.qp, QpState::err);
-    CHECK(p.b.qp->held == 0);
+    CHECK(p.b.qp->resp.held == 0);
     p.net.drop_if = nullptr;
     p.b.e->destroy_qp(p.b.qp);
     p.run([] { return false; }, p.net.now() + 10'000'000);
@@ -926,12 +949,12 @@ TEST_CASE("RDMA READ: multi-packet, byte-exact, under loss (implied NAK)", "[sim
       f.drop = drop;
       f.reorder = drop > 0 ? 0.05 : 0;
       Pair p(21 + uint64_t(drop * 100), f);
-      p.a.qp->max_rd_atomic = 4;
-      p.a.qp->window = 16;   // large READs go in window-sized pieces
+      p.a.qp->attr.max_rd_atomic = 4;
+      p.a.qp->req.window = 16;   // large READs go in window-sized pieces
       std::vector<uint8_t> remote(300000), local(300000, 0), tail(5000, 0), tx(5000, 9);
       for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 13 + 1);
       p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};
-      p.b.qp->access = kAccessRemoteRead | kAccessRemoteWrite;
+      p.b.qp->attr.access = kAccessRemoteRead | kAccessRemoteWrite;
       RecvWr r;
       r.wr_id = 50;
       r.num_sge = 1;
@@ -982,10 +1005,10 @@ TEST_CASE("ATOMICs execute exactly once under duplication and loss", "[sim]") {
   f.duplicate = 0.2;
   f.reorder = 0.05;
   Pair p(31, f);
-  p.a.qp->max_rd_atomic = 16;
+  p.a.qp->attr.max_rd_atomic = 16;
   alignas(8) uint64_t word = 1000;
   p.b.mem.regions[3] = {reinterpret_cast<uint8_t *>(&word), 0x2000, 8, kAccessRemoteAtomic};
-  p.b.qp->access = kAccessRemoteAtomic;
+  p.b.qp->attr.access = kAccessRemoteAtomic;
   const int n = 200;
   std::vector<uint64_t> orig(n + 1, 0);
   for (int i = 0; i < n; i++) {
@@ -1031,7 +1054,7 @@ TEST_CASE("READ and ATOMIC access violations", "[sim]") {
       alignas(8) uint64_t words[4] = {5, 6, 7, 8};
       p.b.mem.regions[3] = {reinterpret_cast<uint8_t *>(words), 0x2000, sizeof words,
                             kAccessRemoteAtomic};
-      p.b.qp->access = kAccessRemoteAtomic | kAccessRemoteRead;
+      p.b.qp->attr.access = kAccessRemoteAtomic | kAccessRemoteRead;
       uint64_t out = 0;
       SendWr w;
       w.wr_id = 1;
@@ -1094,7 +1117,7 @@ TEST_CASE("packets to a peer on this host carry no ICRC; elsewhere a missing or 
   }
   SECTION("from another host, a packet without an ICRC is dropped") {
     Pair p(23);
-    p.a.qp->local_path = true;   // a sender wrongly taking b for local
+    p.a.qp->local.same_host = true;   // a sender wrongly taking b for local
     std::vector<uint8_t> buf(100, 1), rx(128);
     post_small_send(p, buf, rx, 0);
     CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
@@ -1345,8 +1368,8 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
       Pair p(seed * 104729, f, seed % 2 ? 1024 : 4096, seed % 7 == 0 ? 0xffff80 : 0);
       if (seed % 6 == 0) p.b.e->hold_max = 3;
       if (seed % 8 == 0) p.b.e->hold_max = 0;
-      p.a.qp->max_rd_atomic = 4;
-      p.b.qp->access = kAccessRemoteRead | kAccessRemoteWrite;
+      p.a.qp->attr.max_rd_atomic = 4;
+      p.b.qp->attr.access = kAccessRemoteRead | kAccessRemoteWrite;
       std::mt19937 rng(seed);
       // src: what WRITEs take, [0, 200000), then what the 40 SENDs take,
       // 9000 bytes each (the largest message).
@@ -1435,12 +1458,12 @@ TEST_CASE("a QP takes packets only from its peer's port, or the one its flow lab
       INFO("same host " << local << ", flow label " << label);
       Pair p(31);
       if (local) p.same_host();   // (the receive path's short cuts)
-      const net::Endpoint ea = p.b.qp->peer, eb = p.a.qp->peer;
+      const net::Endpoint ea = p.b.qp->attr.peer, eb = p.a.qp->attr.peer;
       const uint16_t lport = 0xc000 | 0x123;   // flow label 0x123
-      if (label) p.a.qp->sport = p.b.qp->sport = lport;
+      if (label) p.a.qp->attr.sport = p.b.qp->attr.sport = lport;
       std::vector<uint8_t> rx(128 * 8);
       for (uint64_t i = 0; i < 8; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0);
-      const uint32_t psn = p.b.qp->epsn;
+      const uint32_t psn = p.b.qp->resp.epsn;
       auto &drops = p.b.e->counters[uint32_t(Counter::wrong_source_drops)];
       // The peer's address, another port: any other port at or above
       // 0xC000, the label's port where the path has no label, the peer's
@@ -1453,7 +1476,7 @@ TEST_CASE("a QP takes packets only from its peer's port, or the one its flow lab
       p.run([] { return false; }, p.net.now() + 10'000'000);
       CHECK(drain(p.b.rcq).empty());
       CHECK(drops == 6);
-      CHECK(p.b.qp->epsn == psn);
+      CHECK(p.b.qp->resp.epsn == psn);
       // From the peer's own port, and with a label from the label's port.
       send_forged(p.net, ea, eb, p.b.qp->qpn, psn, !local);
       if (label) send_forged(p.net, {ea.ip, lport}, eb, p.b.qp->qpn, psn_add(psn, 1), !local);
@@ -1568,5 +1591,163 @@ TEST_CASE("the progress thread's policy hands a stopped poller's engine over wit
       CHECK(recv_done - stop <= ProgressPolicy::kHandNs + 10 * kUs);
       CHECK(send_done - stop <= ProgressPolicy::kHandNs + 20 * kUs);
     }
+  }
+}
+
+namespace {
+
+// A request as a's QP would send it, built by the general header builder
+// and sent from a's address to b's QP: payload len bytes of 0x5a, an ICRC
+// unless the pair is on one host.
+void forge(Pair &p, wire::Headers h, uint32_t len) {
+  const net::Endpoint src = p.b.qp->attr.peer, dst = p.a.qp->attr.peer;
+  h.bth.dest_qp = p.b.qp->qpn;
+  std::vector<uint8_t> b(128 + len + 8, 0);
+  const size_t hl = wire::build_headers(h, len, b.data());
+  std::memset(b.data() + hl, 0x5a, len);
+  const size_t body = hl + len + wire::pad_for(len);
+  iovec v{b.data(), body};
+  wire::store_icrc(b.data() + body,
+                   p.net.loopback ? 0 : wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1));
+  b.resize(body + wire::kIcrcLen);
+  net::SimNic nic(p.net, src);
+  iovec all{b.data(), b.size()};
+  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
+}
+
+wire::Headers request(wire::Opcode op, uint32_t psn, bool ack_req = false) {
+  wire::Headers h;
+  h.bth.opcode = uint8_t(op);
+  h.bth.psn = psn & kPsnMask;
+  h.bth.ack_req = ack_req;
+  return h;
+}
+
+// The ACKs and NAKs b sends to a (their AETH syndrome and PSN), from when
+// it is made.
+struct Responses {
+  std::vector<std::pair<uint8_t, uint32_t>> seen;
+  explicit Responses(Pair &p) {
+    const uint32_t to = p.a.qp->qpn;
+    p.net.tap = [this, to](const std::vector<uint8_t> &d) {
+      wire::Parsed x;
+      if (wire::parse(d.data(), d.size(), x) == wire::ParseError::ok &&
+          x.h.bth.opcode == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && x.h.bth.dest_qp == to)
+        seen.push_back({x.h.aeth.syndrome, x.h.bth.psn});
+    };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the responder answers each error as its class says, NAKing in one place", "[sim]") {
+  for (const bool local : {false, true}) {
+    INFO("same host " << local);
+    Pair p(41);
+    if (local) p.same_host();
+    std::vector<uint8_t> rx(4096);
+    Qp &q = *p.b.qp;
+    const uint32_t psn = q.resp.epsn;
+    Responses r(p);
+    auto settle = [&] { p.run([] { return false; }, p.net.now() + 1'000'000); };
+    // The answers once all is sent, the responder's QP state and events.
+    auto nak_of = [&](uint8_t code) { return std::pair{wire::aeth_nak(code), psn}; };
+    // Class C: one NAK with code, the QP in ERR, the async event ev.
+    auto fails = [&](uint8_t code, QpEvent ev) {
+      settle();
+      CHECK(r.seen == std::vector{nak_of(code)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen == std::vector{ev});
+    };
+
+    SECTION("class B: packets beyond the expected PSN get one sequence NAK") {
+      for (uint32_t i = 1; i <= 4; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i), 16);
+      settle();
+      CHECK(r.seen == std::vector{std::pair{wire::aeth_nak(wire::NAK_PSN_SEQ), psn}});
+      CHECK(q.state == QpState::rts);
+      CHECK(q.resp.nak_sent);
+      CHECK(p.b.events.seen.empty());
+    }
+    SECTION("RNR: no receive posted") {
+      forge(p, request(wire::Opcode::RC_SEND_ONLY, psn), 16);
+      settle();
+      REQUIRE(r.seen.size() == 1);
+      CHECK(wire::aeth_type(r.seen[0].first) == wire::AckType::rnr_nak);
+      CHECK(r.seen[0].second == psn);
+      CHECK(q.state == QpState::rts);
+      CHECK(p.b.events.seen.empty());
+    }
+    SECTION("class C, invalid request: a MIDDLE with no message begun") {
+      REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
+      forge(p, request(wire::Opcode::RC_SEND_MIDDLE, psn), q.attr.pmtu);
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
+    }
+    SECTION("class C, invalid request: a FIRST shorter than the PMTU") {
+      REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data(), 4096)) == 0);
+      forge(p, request(wire::Opcode::RC_SEND_FIRST, psn), 64);
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
+    }
+    SECTION("class C, invalid request: a READ to a QP without responder resources") {
+      Engine::QpChange c{q.attr};
+      c.attr.max_dest_rd_atomic = 0;
+      c.state = QpState::rts;
+      p.b.e->modify(q, c);
+      wire::Headers h = request(wire::Opcode::RC_READ_REQUEST, psn);
+      h.reth = {0x1000, 1, 8};
+      forge(p, h, 0);
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
+    }
+    SECTION("class C, invalid request: an ATOMIC on a word not 8-byte aligned") {
+      wire::Headers h = request(wire::Opcode::RC_FETCH_ADD, psn);
+      h.atomic = {0x1004, 1, 1, 0};
+      forge(p, h, 0);
+      fails(wire::NAK_INVALID_REQUEST, QpEvent::req_err);
+    }
+    SECTION("class C, remote access error: a WRITE through an unknown rkey") {
+      wire::Headers h = request(wire::Opcode::RC_WRITE_ONLY, psn);
+      h.reth = {0x1000, 77, 16};
+      forge(p, h, 16);
+      fails(wire::NAK_REMOTE_ACCESS, QpEvent::access_err);
+    }
+    SECTION("class C, remote operational error: the receive buffer unmapped") {
+      void *m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      REQUIRE(m != MAP_FAILED);
+      REQUIRE(p.b.e->post_recv(q, recv_wr(static_cast<uint8_t *>(m), 4096, 9)) == 0);
+      munmap(m, 4096);
+      forge(p, request(wire::Opcode::RC_SEND_ONLY, psn), 16);
+      settle();
+      CHECK(r.seen == std::vector{nak_of(wire::NAK_REMOTE_OP)});
+      CHECK(q.state == QpState::err);
+      CHECK(p.b.events.seen.empty());   // (the receive's completion says it)
+      const auto c = drain(p.b.rcq);
+      REQUIRE(!c.empty());
+      CHECK(c[0].wr_id == 9);
+      CHECK(c[0].status == WcStatus::loc_prot_err);
+    }
+  }
+}
+
+TEST_CASE("requests received in one pass get one ACK, for the last of them", "[sim]") {
+  for (const bool local : {false, true}) {
+    INFO("same host " << local);
+    Pair p(43);
+    if (local) p.same_host();
+    Qp &q = *p.b.qp;
+    std::vector<uint8_t> rx(64 * 8);
+    for (uint64_t i = 0; i < 8; i++) REQUIRE(p.b.e->post_recv(q, recv_wr(rx.data() + 64 * i, 64, i)) == 0);
+    // A first message on its own (its first request: COMM_EST, then the
+    // short path may take the rest).
+    const uint32_t psn = q.resp.epsn;
+    forge(p, request(wire::Opcode::RC_SEND_ONLY, psn, true), 16);
+    p.run([&] { return drain(p.b.rcq).size() == 1; });
+    p.run([] { return false; }, p.net.now() + 1'000'000);
+    Responses r(p);
+    // Six more, each asking for an ACK, all there before b looks.
+    for (uint32_t i = 1; i <= 6; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i, true), 16);
+    p.net.advance(1'000'000);
+    p.b.e->progress();
+    CHECK(r.seen == std::vector{std::pair{wire::aeth_ack(), (psn + 6) & kPsnMask}});
+    CHECK(drain(p.b.rcq).size() == 6);
+    CHECK(!q.resp.ack_pending);
   }
 }

@@ -15,7 +15,7 @@ static WcOpcode wc_opcode(const SendWqe &w) { return wr_info(w.wr.opcode).wc_opc
 // its completion, if it asked for one (the caller pops it).
 [[gnu::always_inline]] inline void Engine::completed(Qp &qp, const SendWqe &w) {
   if (w.placed) {   // completed when placed
-    qp.placed--;
+    qp.local.placed--;
     return;
   }
   if (qp.sq_sig_all || (w.wr.flags & kSignaled))
@@ -34,75 +34,75 @@ void Engine::complete_head(Qp &qp) {
 // una moved forward: restore the retry budgets (forward progress) and
 // re-arm the Local ACK Timeout for what is still outstanding.
 void Engine::advanced(Qp &qp) {
-  if (psn_lt(qp.tx_psn, qp.una_psn)) go_back_n(qp, qp.una_psn);
-  qp.retry_left = qp.retry_cnt;
-  qp.rnr_left = qp.rnr_retry;
-  qp.ack_deadline = qp.rto_deadline = 0;
-  qp.rto_backoff = 0;
-  qp.probed = false;
-  if (qp.una_psn != qp.tx_high) arm_retransmit(qp);
+  if (psn_lt(qp.req.tx_psn, qp.comp.una_psn)) go_back_n(qp, qp.comp.una_psn);
+  qp.comp.retry_left = qp.attr.retry_cnt;
+  qp.comp.rnr_left = qp.attr.rnr_retry;
+  qp.comp.ack_deadline = qp.comp.rto_deadline = 0;
+  qp.comp.rto_backoff = 0;
+  qp.comp.probed = false;
+  if (qp.comp.una_psn != qp.req.tx_high) arm_retransmit(qp);
   check_drained(qp);
 }
 
 // Arms the Local ACK Timeout and, sooner, the adaptive retransmission timer.
 void Engine::arm_retransmit(Qp &qp) {
-  qp.rto_deadline = 0;
-  const uint64_t t = local_ack_timeout_ns(qp.timeout);
+  qp.comp.rto_deadline = 0;
+  const uint64_t t = local_ack_timeout_ns(qp.attr.timeout);
   if (!t) return;   // timeout 0: wait for ever (IBA 9.7.6.1.3)
   const uint64_t now = stamp();
-  qp.ack_deadline = now + t;
-  arm_timer(qp.ack_deadline);
-  if (!qp.srtt) return;
-  uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
-  const uint64_t pto = std::max(2 * qp.srtt, kMinProbeNs);
-  qp.probe_armed = pto < rto && probe_ok(qp);
-  if (qp.probe_armed) rto = pto;
+  qp.comp.ack_deadline = now + t;
+  arm_timer(qp.comp.ack_deadline);
+  if (!qp.comp.srtt) return;
+  uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+  const uint64_t pto = std::max(2 * qp.comp.srtt, kMinProbeNs);
+  qp.comp.probe_armed = pto < rto && probe_ok(qp);
+  if (qp.comp.probe_armed) rto = pto;
   if (rto < t) {
-    qp.rto_deadline = now + rto;
-    arm_timer(qp.rto_deadline);
+    qp.comp.rto_deadline = now + rto;
+    arm_timer(qp.comp.rto_deadline);
   }
 }
 
 // Drained: every WQE started before SQD has completed and none is half
 // sent; WQEs not yet started wait for the return to RTS.
 void Engine::check_drained(Qp &qp) {
-  if (qp.state != QpState::sqd || qp.sqd_drained || qp.sq.head != qp.tx_pos) return;
+  if (qp.state != QpState::sqd || qp.comp.sqd_drained || qp.sq.head != qp.req.tx_pos) return;
   // (A WQE sent before is started, even while a loss resends it from its
   // first packet.)
-  if (qp.tx_pos != qp.sq.tail && psn_lt(qp.sq.at(qp.tx_pos).first_psn, qp.tx_high)) return;
-  qp.sqd_drained = true;
-  if (qp.sqd_notify && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
+  if (qp.req.tx_pos != qp.sq.tail && psn_lt(qp.sq.at(qp.req.tx_pos).first_psn, qp.req.tx_high)) return;
+  qp.comp.sqd_drained = true;
+  if (qp.attr.sqd_notify && hooks_) hooks_->qp_event(qp, QpEvent::sq_drained);
 }
 
 // A response gap (IBA 9.7.5.1.3, "implied NAK"): a READ response or ATOMIC
 // ACK is missing, so resend from una: the rest of the READ and everything
 // after it. Once per una, however many later packets show the gap.
 void Engine::implied_nak(Qp &qp) {
-  if (qp.implied_nak_psn == qp.una_psn) return;
-  qp.implied_nak_psn = qp.una_psn;
+  if (qp.comp.implied_nak_psn == qp.comp.una_psn) return;
+  qp.comp.implied_nak_psn = qp.comp.una_psn;
   count(Counter::implied_naks);
   window_loss(qp, false);
-  go_back_n(qp, qp.una_psn);
+  go_back_n(qp, qp.comp.una_psn);
 }
 
-// The send window after a loss and as ACKs arrive (Qp::cwnd).
+// The send window after a loss and as ACKs arrive (ReqState::cwnd).
 void Engine::window_loss(Qp &qp, bool timeout) {
-  qp.ssthresh = std::max(qp.cwnd / 2, std::min(kLossWindow, qp.window));
+  qp.req.ssthresh = std::max(qp.req.cwnd / 2, std::min(kLossWindow, qp.req.window));
   // Never raised by a loss: below the floor (after a timeout) it stays.
-  qp.cwnd = timeout ? std::min(kMinWindow, qp.window) : std::min(qp.cwnd, qp.ssthresh);
-  qp.cwnd_acc = 0;
+  qp.req.cwnd = timeout ? std::min(kMinWindow, qp.req.window) : std::min(qp.req.cwnd, qp.req.ssthresh);
+  qp.req.cwnd_acc = 0;
 }
 
 void Engine::window_acked(Qp &qp, uint32_t npkts) {
-  if (qp.cwnd >= qp.window) return;
-  if (qp.cwnd < qp.ssthresh) {
-    qp.cwnd = std::min(qp.cwnd + npkts, qp.ssthresh);
+  if (qp.req.cwnd >= qp.req.window) return;
+  if (qp.req.cwnd < qp.req.ssthresh) {
+    qp.req.cwnd = std::min(qp.req.cwnd + npkts, qp.req.ssthresh);
     return;
   }
-  qp.cwnd_acc += npkts;
-  while (qp.cwnd_acc >= qp.cwnd && qp.cwnd < qp.window) {
-    qp.cwnd_acc -= qp.cwnd;
-    qp.cwnd++;
+  qp.req.cwnd_acc += npkts;
+  while (qp.req.cwnd_acc >= qp.req.cwnd && qp.req.cwnd < qp.req.window) {
+    qp.req.cwnd_acc -= qp.req.cwnd;
+    qp.req.cwnd++;
   }
 }
 
@@ -111,7 +111,7 @@ void Engine::window_acked(Qp &qp, uint32_t npkts) {
 // response data. Returns true if that was progress.
 bool Engine::ack_through(Qp &qp, uint32_t psn) {
   uint32_t new_una = psn_add(psn, 1);
-  if (psn_diff(new_una, qp.una_psn) <= 0) return false;
+  if (psn_diff(new_una, qp.comp.una_psn) <= 0) return false;
   bool gap = false;
   // The WQEs it covers, walked by pointer and popped together.
   const uint64_t queued = qp.sq.tail - qp.sq.head;
@@ -122,8 +122,8 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
       if (psn_le(w->first_psn, psn)) {
         // Acknowledged beyond a READ/ATOMIC whose response we lack.
         gap = true;
-        if (psn_lt(qp.una_psn, w->first_psn)) new_una = w->first_psn;
-        else new_una = qp.una_psn;
+        if (psn_lt(qp.comp.una_psn, w->first_psn)) new_una = w->first_psn;
+        else new_una = qp.comp.una_psn;
       }
       break;
     }
@@ -132,26 +132,26 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     if (++w == end) w = begin;
   }
   qp.sq.pop(done);
-  bool progress = psn_diff(new_una, qp.una_psn) > 0;
+  bool progress = psn_diff(new_una, qp.comp.una_psn) > 0;
   if (progress) {
-    if (qp.rtt_on && psn_lt(qp.rtt_psn, new_una)) {
+    if (qp.comp.rtt_on && psn_lt(qp.comp.rtt_psn, new_una)) {
       // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
       // (Times read once per pass, by two threads: this pass may have
       // started before the one that sent. No sample then.)
       const uint64_t t = stamp();
-      if (const uint64_t r = t - qp.rtt_sent; t > qp.rtt_sent && !qp.srtt) {
-        qp.srtt = r;
-        qp.rttvar = r / 2;
-      } else if (t > qp.rtt_sent) {
-        const uint64_t d = r > qp.srtt ? r - qp.srtt : qp.srtt - r;
-        qp.rttvar = (3 * qp.rttvar + d) / 4;
-        qp.srtt = (7 * qp.srtt + r) / 8;
+      if (const uint64_t r = t - qp.comp.rtt_sent; t > qp.comp.rtt_sent && !qp.comp.srtt) {
+        qp.comp.srtt = r;
+        qp.comp.rttvar = r / 2;
+      } else if (t > qp.comp.rtt_sent) {
+        const uint64_t d = r > qp.comp.srtt ? r - qp.comp.srtt : qp.comp.srtt - r;
+        qp.comp.rttvar = (3 * qp.comp.rttvar + d) / 4;
+        qp.comp.srtt = (7 * qp.comp.srtt + r) / 8;
       }
-      qp.rtt_on = false;
+      qp.comp.rtt_on = false;
     }
-    window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.una_psn)));
-    qp.una_psn = new_una;
-    if (qp.sel_on) sel_acked(qp);
+    window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
+    qp.comp.una_psn = new_una;
+    if (qp.req.sel.on) sel_acked(qp);
     advanced(qp);
   }
   if (gap) implied_nak(qp);
@@ -163,14 +163,14 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
 // before it (IBA 9.7.5.1.2: ACKs may be coalesced into later responses);
 // the responder sends its ACK for them after the responses of the pass.
 void Engine::implied_ack(Qp &qp, uint32_t psn) {
-  if (psn_lt(qp.una_psn, psn) && psn_lt(psn, qp.tx_high)) ack_through(qp, psn_add(psn, kPsnMask));
+  if (psn_lt(qp.comp.una_psn, psn) && psn_lt(psn, qp.req.tx_high)) ack_through(qp, psn_add(psn, kPsnMask));
 }
 
 void Engine::read_response(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
   implied_ack(qp, psn);
-  if (psn != qp.una_psn) {
-    if (psn_lt(qp.una_psn, psn)) implied_nak(qp);   // earlier responses lost
+  if (psn != qp.comp.una_psn) {
+    if (psn_lt(qp.comp.una_psn, psn)) implied_nak(qp);   // earlier responses lost
     else count(Counter::duplicates);                // already have it
     return;
   }
@@ -181,8 +181,8 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
     count(Counter::ghost_acks);
     return;
   }
-  uint32_t off = k * qp.pmtu;
-  uint32_t want = std::min(qp.pmtu, w.length - std::min(off, w.length));
+  uint32_t off = k * qp.attr.pmtu;
+  uint32_t want = std::min(qp.attr.pmtu, w.length - std::min(off, w.length));
   uint32_t mask = v.p.info->mask;
   bool first = k == 0, last = k + 1 == w.npkts;
   // A READ asked for in pieces (or resumed after a gap) is answered
@@ -193,23 +193,10 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
     count(Counter::malformed_drops);
     return;
   }
-  // Scatter into the WQE's local buffers at off.
-  const uint8_t *src = v.p.payload;
-  uint32_t skip = off, left = want;
-  for (uint32_t i = 0; i < w.wr.num_sge && left; i++) {
-    const Sge &g = w.wr.sge[i];
-    if (skip >= g.length) {
-      skip -= g.length;
-      continue;
-    }
-    uint32_t n = std::min(g.length - skip, left);
-    // (The buffer unmapped: a local protection error, IBA 10.8.3.1.)
-    if (!guard::copy(g.addr + skip, src, n)) return fail_head(qp, WcStatus::loc_prot_err);
-    src += n;
-    left -= n;
-    skip = 0;
-  }
-  qp.una_psn = psn_add(psn, 1);
+  // Into the WQE's local buffers at off (one of them unmapped: a local
+  // protection error, IBA 10.8.3.1).
+  if (!scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
+  qp.comp.una_psn = psn_add(psn, 1);
   if (last) complete_head(qp);
   advanced(qp);
   requester_tx(qp);
@@ -219,8 +206,8 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
 void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   uint32_t psn = v.psn();
   implied_ack(qp, psn);
-  if (psn != qp.una_psn) {
-    if (psn_lt(qp.una_psn, psn)) implied_nak(qp);
+  if (psn != qp.comp.una_psn) {
+    if (psn_lt(qp.comp.una_psn, psn)) implied_nak(qp);
     else count(Counter::duplicates);
     return;
   }
@@ -233,7 +220,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   uint64_t orig = v.p.h.atomic_ack;
   if (!guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
     return fail_head(qp, WcStatus::loc_prot_err);
-  qp.una_psn = psn_add(psn, 1);
+  qp.comp.una_psn = psn_add(psn, 1);
   complete_head(qp);
   advanced(qp);
   requester_tx(qp);
@@ -260,15 +247,86 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
   set_state(qp, QpState::err);
 }
 
-// The common response on its own short path: a plain ACK (no payload, no
-// ICRC) from the peer of a QP on this host, for a PSN it was sent. Anything
-// else goes through parse() and completer_rx(), which check, drop and count
-// what is wrong with it; what this one takes they would handle the same way.
 // A response must name a PSN we sent: in [una - 1, tx_high - 1].
 static bool names_sent_psn(const Qp &qp, uint32_t psn) {
-  return psn_diff(psn, qp.tx_high) < 0 && psn_diff(psn, psn_add(qp.una_psn, kPsnMask)) >= 0;
+  return psn_diff(psn, qp.req.tx_high) < 0 && psn_diff(psn, psn_add(qp.comp.una_psn, kPsnMask)) >= 0;
 }
 
+// One retry of the budget a Local ACK Timeout or a sequence NAK without
+// progress uses (retry_cnt, IBA 9.7.6.1.3); false, the head WQE failed
+// with "retry exceeded", when none is left.
+bool Engine::use_retry(Qp &qp) {
+  if (qp.comp.retry_left == 0) {
+    count(Counter::retry_exceeded);
+    fail_head(qp, WcStatus::retry_exc_err);
+    return false;
+  }
+  qp.comp.retry_left--;
+  return true;
+}
+
+// An ACK (IBA 9.7.5.1.1): everything through psn is acknowledged; the
+// window it opens is used at once.
+[[gnu::always_inline]] inline void Engine::ack_rcvd(Qp &qp, uint32_t psn) {
+  count(Counter::acks_rcvd);
+  ack_through(qp, psn);
+  requester_tx(qp);
+}
+
+// An RNR NAK (IBA 9.7.5.2.8): the responder had no receive WQE for psn;
+// wait the timer it asked for (its code), then resend from psn. rnr_retry
+// 7 means forever.
+void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
+  count(Counter::rnr_naks_rcvd);
+  ack_through(qp, psn_add(psn, kPsnMask));
+  if (qp.attr.rnr_retry != 7) {
+    if (qp.comp.rnr_left == 0) {
+      count(Counter::rnr_retry_exceeded);
+      fail_head(qp, WcStatus::rnr_retry_exc_err);
+      return;
+    }
+    qp.comp.rnr_left--;
+  }
+  go_back_n(qp, qp.comp.una_psn);   // una may lag psn: READ data still missing
+  qp.comp.ack_deadline = 0;
+  qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
+  arm_timer(qp.comp.rnr_deadline);
+  requester_tx(qp);
+}
+
+// A PSN sequence NAK (the responder's class B error): everything
+// before psn is acknowledged, psn is resent (alone where the peer keeps
+// what follows a gap, resend_one; else everything from it).
+void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
+  count(Counter::seq_naks_rcvd);
+  window_loss(qp, false);
+  const bool progress = ack_through(qp, psn_add(psn, kPsnMask));
+  // The NAK for the packet after one resent alone, from a peer that
+  // dropped what followed it, when its ACK already had us go back N from
+  // there (sel_acked): nothing to do again.
+  if (!progress && psn == qp.req.sel.back_psn) return;
+  if (!progress && !use_retry(qp)) return;
+  // una may lag psn: READ data still missing.
+  if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
+  requester_tx(qp);
+}
+
+// Any other NAK (IBA 9.7.5.2.4, the NAK codes; the responder's class C
+// errors): what came before psn is acknowledged, the WQE holding psn fails
+// with the status the code gives, and the QP with it.
+void Engine::error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code) {
+  count(Counter::other_naks_rcvd);
+  ack_through(qp, psn_add(psn, kPsnMask));
+  fail_head(qp, code == wire::NAK_REMOTE_ACCESS ? WcStatus::rem_access_err
+                : code == wire::NAK_REMOTE_OP   ? WcStatus::rem_op_err
+                                                : WcStatus::rem_inv_req_err);
+}
+
+// The common response on its own short path: a plain ACK (no payload, no
+// ICRC) from the peer of a QP on this host, for a PSN it was sent, checked
+// through the header accessors alone, then taken by ack_rcvd as
+// completer_rx takes it. Anything else goes through parse() and
+// completer_rx(), which check, drop and count what is wrong with it.
 bool Engine::fast_ack(const net::RxPacket &pkt) {
   constexpr size_t kLen = wire::kAckHdrLen + wire::kIcrcLen;
   const uint8_t *b = pkt.data;
@@ -278,133 +336,77 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
       wire::aeth_type(v.syndrome()) != wire::AckType::ack)
     return false;
   Qp *qp = find_qp(v.qpn());
-  if (!qp || !qp->local_path || !from_peer(*qp, pkt.src) || qp->linger_until ||
+  if (!qp || !qp->local.same_host || !from_peer(*qp, pkt.src) || qp->linger_until ||
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
   const uint32_t psn = v.psn();
   if (!names_sent_psn(*qp, psn)) return false;   // (a ghost: counted there)
   count(Counter::rx_packets);
   count(Counter::rx_bytes, kLen);
-  count(Counter::acks_rcvd);
-  ack_through(*qp, psn);
-  requester_tx(*qp);
+  ack_rcvd(*qp, psn);
   return true;
 }
 
+// A response (IBA 9.7.5.1): one that names no PSN we sent, or a NAK older
+// than una (a NAK names the PSN the responder expects), is a ghost; READ
+// response data and ATOMIC ACKs complete their WQEs; an ACK or NAK as its
+// AETH's type says.
 void Engine::completer_rx(Qp &qp, const PacketView &v) {
-  uint32_t psn = v.psn();
-  if (!names_sent_psn(qp, psn)) {
-    count(Counter::ghost_acks);
-    return;
-  }
+  const uint32_t psn = v.psn();
+  if (!names_sent_psn(qp, psn)) return count(Counter::ghost_acks);
   if (v.p.info->mask & wire::IS_READ) return read_response(qp, v);
-  if (v.p.info->mask & wire::HAS_ATOMICACKETH)
-    return atomic_ack(qp, v);
-  uint8_t syn = v.p.h.aeth.syndrome;
-  // A NAK names the PSN the responder expects; one older than una is stale.
-  if (wire::aeth_type(syn) != wire::AckType::ack && psn_lt(psn, qp.una_psn)) {
-    count(Counter::ghost_acks);
-    return;
+  if (v.p.info->mask & wire::HAS_ATOMICACKETH) return atomic_ack(qp, v);
+  const uint8_t syn = v.p.h.aeth.syndrome;
+  const wire::AckType type = wire::aeth_type(syn);
+  if (type != wire::AckType::ack && psn_lt(psn, qp.comp.una_psn)) return count(Counter::ghost_acks);
+  switch (type) {
+    case wire::AckType::ack: return ack_rcvd(qp, psn);
+    case wire::AckType::rnr_nak: return rnr_nak_rcvd(qp, psn, wire::aeth_value(syn));
+    case wire::AckType::nak:
+      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn);
+      return error_nak_rcvd(qp, psn, wire::aeth_value(syn));
+    default: return count(Counter::malformed_drops);
   }
-  switch (wire::aeth_type(syn)) {
-    case wire::AckType::ack:
-      count(Counter::acks_rcvd);
-      ack_through(qp, psn);
-      break;
-    case wire::AckType::rnr_nak: {
-      // C9-...: the responder had no receive WQE for psn; wait the timer it
-      // asked for, then resend from psn. rnr_retry 7 means forever.
-      count(Counter::rnr_naks_rcvd);
-      ack_through(qp, psn_add(psn, kPsnMask));
-      if (qp.rnr_retry != 7) {
-        if (qp.rnr_left == 0) {
-          count(Counter::rnr_retry_exceeded);
-          fail_head(qp, WcStatus::rnr_retry_exc_err);
-          return;
-        }
-        qp.rnr_left--;
-      }
-      go_back_n(qp, qp.una_psn);   // una may lag psn: READ data still missing
-      qp.ack_deadline = 0;
-      qp.rnr_deadline = clock_() + rnr_timer_ns(wire::aeth_value(syn));
-      arm_timer(qp.rnr_deadline);
-      break;
-    }
-    case wire::AckType::nak: {
-      uint8_t code = wire::aeth_value(syn);
-      if (code == wire::NAK_PSN_SEQ) {
-        count(Counter::seq_naks_rcvd);
-        window_loss(qp, false);
-        bool progress = ack_through(qp, psn_add(psn, kPsnMask));
-        // The NAK for the packet after one resent alone, from a peer that
-        // dropped what followed it, when its ACK already had us go back
-        // N from there (sel_acked): nothing to do again.
-        if (!progress && psn == qp.sel_back_psn) return;
-        if (!progress) {
-          if (qp.retry_left == 0) {
-            count(Counter::retry_exceeded);
-            fail_head(qp, WcStatus::retry_exc_err);
-            return;
-          }
-          qp.retry_left--;
-        }
-        // una may lag psn: READ data still missing.
-        if (qp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.una_psn);
-        requester_tx(qp);
-        return;
-      }
-      count(Counter::other_naks_rcvd);
-      ack_through(qp, psn_add(psn, kPsnMask));
-      fail_head(qp, code == wire::NAK_REMOTE_ACCESS ? WcStatus::rem_access_err
-                    : code == wire::NAK_REMOTE_OP   ? WcStatus::rem_op_err
-                                                    : WcStatus::rem_inv_req_err);
-      return;
-    }
-    default:
-      count(Counter::malformed_drops);
-      return;
-  }
-  requester_tx(qp);
 }
 
 void Engine::check_timers(Qp &qp, uint64_t now) {
-  if (qp.rnr_deadline) {
-    if (now >= qp.rnr_deadline) {
-      qp.rnr_deadline = 0;
+  if (qp.comp.rnr_deadline) {
+    if (now >= qp.comp.rnr_deadline) {
+      qp.comp.rnr_deadline = 0;
       requester_tx(qp);
     } else {
-      arm_timer(qp.rnr_deadline);
+      arm_timer(qp.comp.rnr_deadline);
     }
   }
-  if (!qp.ack_deadline) return;
-  if (now < qp.ack_deadline) {
-    arm_timer(qp.ack_deadline);
-    if (!qp.rto_deadline) return;
-    if (now < qp.rto_deadline) {
-      arm_timer(qp.rto_deadline);
+  if (!qp.comp.ack_deadline) return;
+  if (now < qp.comp.ack_deadline) {
+    arm_timer(qp.comp.ack_deadline);
+    if (!qp.comp.rto_deadline) return;
+    if (now < qp.comp.rto_deadline) {
+      arm_timer(qp.comp.rto_deadline);
       return;
     }
-    qp.rto_deadline = 0;
-    if (lp_->tx_blocked(qp.peer)) {
+    qp.comp.rto_deadline = 0;
+    if (lp_->tx_blocked(qp.attr.peer)) {
       // The receiver has not even taken what we sent (its ring is full,
       // the NIC holds the rest): slow, not lossy. Resending would only
       // queue copies behind the originals; the Local ACK Timeout still runs.
-      const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
-      if (now + rto < qp.ack_deadline) {
-        qp.rto_deadline = now + rto;
-        arm_timer(qp.rto_deadline);
+      const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+      if (now + rto < qp.comp.ack_deadline) {
+        qp.comp.rto_deadline = now + rto;
+        arm_timer(qp.comp.rto_deadline);
       }
       return;
     }
-    if (qp.probe_armed) {
+    if (qp.comp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The
       // oldest packet alone: a peer that kept the ones after it (or has
       // it, and lost our ACK) acknowledges them all. The retransmission
       // timer runs from here.
-      qp.probe_armed = false;
-      qp.probed = true;
-      if (resend_one(qp, qp.una_psn, true)) count(Counter::probes);
+      qp.comp.probe_armed = false;
+      qp.comp.probed = true;
+      if (resend_one(qp, qp.comp.una_psn, true)) count(Counter::probes);
     } else {
       // The retransmission timer: resend from una; the Local ACK Timeout
       // keeps running and still decides retry_cnt.
@@ -412,31 +414,26 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // A first expiry is a loss like a NAK's; one more without progress in
       // between is trouble that persists (an overflowing receiver whose
       // losses no later packet reveals): the window goes down to the minimum.
-      window_loss(qp, qp.rto_backoff > 0);
-      go_back_n(qp, qp.una_psn);
+      window_loss(qp, qp.comp.rto_backoff > 0);
+      go_back_n(qp, qp.comp.una_psn);
       requester_tx(qp);
-      if (qp.rto_backoff < 30) qp.rto_backoff++;
+      if (qp.comp.rto_backoff < 30) qp.comp.rto_backoff++;
     }
-    const uint64_t rto = std::max(qp.srtt + 4 * qp.rttvar, kMinRtoNs) << qp.rto_backoff;
-    if (now + rto < qp.ack_deadline) {
-      qp.rto_deadline = now + rto;
-      arm_timer(qp.rto_deadline);
+    const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+    if (now + rto < qp.comp.ack_deadline) {
+      qp.comp.rto_deadline = now + rto;
+      arm_timer(qp.comp.rto_deadline);
     }
     return;
   }
   // Local ACK Timeout (IBA 9.7.6.1.3): resend everything unacknowledged;
   // after retry_cnt retries the WQE fails with "retry exceeded".
-  qp.ack_deadline = 0;
+  qp.comp.ack_deadline = 0;
   count(Counter::timeouts);
-  if (qp.retry_left == 0) {
-    count(Counter::retry_exceeded);
-    fail_head(qp, WcStatus::retry_exc_err);
-    return;
-  }
-  qp.retry_left--;
-  qp.rto_deadline = 0;
+  if (!use_retry(qp)) return;
+  qp.comp.rto_deadline = 0;
   window_loss(qp, true);
-  go_back_n(qp, qp.una_psn);
+  go_back_n(qp, qp.comp.una_psn);
   requester_tx(qp);
 }
 

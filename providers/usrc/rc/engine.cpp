@@ -42,7 +42,7 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     qp->sq_cap = max_send_wr ? max_send_wr : 1;
     qp->sq.init(qp->sq_cap + kPlacedSlack);
     qp->rq.init(max_recv_wr ? max_recv_wr : 1);
-    qp->window = qp->cwnd = qp->ssthresh = max_window;
+    qp->req.window = qp->req.cwnd = qp->req.ssthresh = max_window;
     live_.reserve(live_.size() + 1);
     qps_[i] = qp.get();
     live_.push_back(qp.get());
@@ -55,19 +55,19 @@ void Engine::destroy_qp(Qp *qp) {
   tx_flush();   // held ACKs
   update_gate(*qp, false);   // nothing is placed into a destroyed QP
   drop_held(*qp);
-  bool responded = qp->comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
+  bool responded = qp->resp.comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) return reap(qp);
   // Linger for about one of the peer's retry periods after the last packet
   // (we assume its Local ACK Timeout is like ours), capped at one second.
-  uint64_t t = local_ack_timeout_ns(qp->timeout);
+  uint64_t t = local_ack_timeout_ns(qp->attr.timeout);
   t = std::min<uint64_t>(t ? t + t / 2 : 100'000'000, 1'000'000'000);
   qp->linger_until = clock_() + t;
   qp->sq.clear();
-  qp->placed = 0;
-  qp->tx_pos = 0;
-  qp->next_psn = qp->tx_psn = qp->tx_high = qp->una_psn;
-  qp->ack_deadline = qp->rnr_deadline = 0;
+  qp->local.placed = 0;
+  qp->req.tx_pos = 0;
+  qp->req.next_psn = qp->req.tx_psn = qp->req.tx_high = qp->comp.una_psn;
+  qp->comp.ack_deadline = qp->comp.rnr_deadline = 0;
   qp->send_cq = qp->recv_cq = nullptr;
   qp->user = nullptr;
   lingering_++;
@@ -89,10 +89,21 @@ Qp *Engine::find_qp(uint32_t qpn) {
   return qps_[qpn & (kQpsPerSlot - 1)];
 }
 
+void Engine::modify(Qp &qp, const QpChange &c) {
+  qp.attr = c.attr;
+  if (c.new_peer) {
+    nic_->add_peer(qp.attr.peer);
+    qp.local.same_host = nic_->same_host(qp.attr.peer);
+  }
+  if (c.set_rq_psn) set_rq_psn(qp, c.rq_psn);
+  if (c.set_sq_psn) set_sq_psn(qp, c.sq_psn);
+  set_state(qp, c.state);
+}
+
 void Engine::set_sq_psn(Qp &qp, uint32_t psn) {
   psn &= kPsnMask;
-  qp.next_psn = qp.tx_psn = qp.tx_high = qp.una_psn = psn;
-  qp.tx_pos = qp.sq.head;
+  qp.req.next_psn = qp.req.tx_psn = qp.req.tx_high = qp.comp.una_psn = psn;
+  qp.req.tx_pos = qp.sq.head;
 }
 
 void Engine::set_state(Qp &qp, QpState s) {
@@ -103,38 +114,38 @@ void Engine::set_state(Qp &qp, QpState s) {
   tx_flush();   // nothing built under the old state or path stays queued
   QpState old = qp.state;
   qp.state = s;
-  // Packets to a peer reached in place (Qp::in_place): a responder's ACKs
+  // Packets to a peer reached in place (LocalPath::in_place): a responder's ACKs
   // from RTR on (a receive-only QP, such as ib_send_bw's server, stays
   // there), the requester's small messages in RTS. (Looked up once: a ring
   // that closes since makes tx_begin() fail, and the packets go the usual
   // way.)
   if (s == QpState::rtr || s == QpState::rts)
-    qp.in_place = qp.local_path && !tun_.icrc_local && lp_->cheap_send(qp.peer);
+    qp.local.in_place = qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
   switch (s) {
     case QpState::reset:
       qp.sq.clear();
       qp.rq.clear();
-      qp.placed = 0;
-      qp.tx_pos = 0;
-      qp.msn = 0;
-      qp.in_msg = qp.nak_sent = qp.ack_pending = qp.comm_est = qp.small_run = false;
-      qp.tail_at_hold = ~0ull;
-      qp.ack_deadline = qp.rnr_deadline = qp.rto_deadline = 0;
-      qp.srtt = qp.rttvar = 0;
-      qp.rtt_on = false;
-      qp.rto_backoff = 0;
-      qp.probed = qp.probe_armed = false;
-      qp.cwnd = qp.ssthresh = qp.window;
-      qp.cwnd_acc = 0;
-      qp.sel_on = qp.peer_keeps = false;
-      qp.sel_skip = 0;
+      qp.local.placed = 0;
+      qp.req.tx_pos = 0;
+      qp.resp.msn = 0;
+      qp.resp.in_msg = qp.resp.nak_sent = qp.resp.ack_pending = qp.resp.comm_est = qp.local.small_run = false;
+      qp.resp.tail_at_hold = ~0ull;
+      qp.comp.ack_deadline = qp.comp.rnr_deadline = qp.comp.rto_deadline = 0;
+      qp.comp.srtt = qp.comp.rttvar = 0;
+      qp.comp.rtt_on = false;
+      qp.comp.rto_backoff = 0;
+      qp.comp.probed = qp.comp.probe_armed = false;
+      qp.req.cwnd = qp.req.ssthresh = qp.req.window;
+      qp.req.cwnd_acc = 0;
+      qp.req.sel.on = qp.req.sel.peer_keeps = false;
+      qp.req.sel.skip = 0;
       drop_held(qp);
       std::erase(ack_list_, &qp);
       break;
     case QpState::rts:
       if (old != QpState::rts) {
-        qp.retry_left = qp.retry_cnt;
-        qp.rnr_left = qp.rnr_retry;
+        qp.comp.retry_left = qp.attr.retry_cnt;
+        qp.comp.rnr_left = qp.attr.rnr_retry;
       }
       requester_tx(qp);
       tx_flush();
@@ -145,7 +156,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       break;
     case QpState::sqd:
       if (old != QpState::sqd) {
-        qp.sqd_drained = false;
+        qp.comp.sqd_drained = false;
         check_drained(qp);
       }
       break;
@@ -161,20 +172,20 @@ void Engine::update_gate(Qp &qp, bool live) {
   const bool open = live &&
                     (qp.state == QpState::rtr || qp.state == QpState::rts ||
                      qp.state == QpState::sqd) &&
-                    (qp.access & kAccessRemoteWrite) && qp.local_path && qp.pd;
-  if (!open && !qp.gate_open) return;
+                    (qp.attr.access & kAccessRemoteWrite) && qp.local.same_host && qp.pd;
+  if (!open && !qp.local.gate_open) return;
   const bool listed = lp_->set_gate(
-      qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.dest_qpn, qp.peer} : net::Gate{});
-  if (open && !listed && !qp.gate_open) count(Counter::direct_unlisted);   // once per opening
-  qp.gate_open = open;
+      qp.qpn, open ? net::Gate{reinterpret_cast<uint64_t>(qp.pd), qp.attr.dest_qpn, qp.attr.peer} : net::Gate{});
+  if (open && !listed && !qp.local.gate_open) count(Counter::direct_unlisted);   // once per opening
+  qp.local.gate_open = open;
 }
 
-// IBA 10.3.1 / C10-?: in the Error state every outstanding and every newly
+// IBA 10.3.1: in the Error state every outstanding and every newly
 // posted WR completes with "flushed".
 void Engine::flush_queues(Qp &qp) {
-  qp.ack_deadline = qp.rnr_deadline = 0;
+  qp.comp.ack_deadline = qp.comp.rnr_deadline = 0;
   std::erase(ack_list_, &qp);
-  qp.ack_pending = false;
+  qp.resp.ack_pending = false;
   uint64_t now = clock_();
   for (; !qp.sq.empty(); qp.sq.pop()) {
     SendWqe &w = qp.sq.front();
@@ -182,18 +193,14 @@ void Engine::flush_queues(Qp &qp) {
     push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wr_info(w.wr.opcode).wc_opcode, false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
-  qp.tx_pos = qp.sq.head;
-  qp.placed = 0;
+  qp.req.tx_pos = qp.sq.head;
+  qp.local.placed = 0;
   for (; !qp.rq.empty(); qp.rq.pop()) {
     RecvWqe &r = qp.rq.front();
     push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0,
                       qp.qpn, 0, 0, now});
   }
-  qp.in_msg = false;
-}
-
-void Engine::push(Cq *cq, const Completion &c) {
-  if (cq && !cq->push(c)) cq_overflow_ = true;
+  qp.resp.in_msg = false;
 }
 
 void Engine::arm_timer(uint64_t deadline) {
@@ -225,9 +232,9 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   // At most one clock read for the times this post takes (a round-trip
   // sample's start, the retransmission timer), and only if it takes one.
   Pass pass(*this, 0);
-  qp.small_run = false;
+  qp.local.small_run = false;
   const bool placed = place(qp, wr, len);
-  qp.polls_at_post = polls.load(std::memory_order_relaxed);
+  qp.local.polls_at_post = polls.load(std::memory_order_relaxed);
   w.length = static_cast<uint32_t>(len);
   w.placed = placed;
   w.small = false;
@@ -241,10 +248,10 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
     w.wr.num_sge = 1;
     w.wr.sge[0] = {w.inline_data, off};
   }
-  w.npkts = len <= qp.pmtu || placed ? 1 : static_cast<uint32_t>((len + qp.pmtu - 1) / qp.pmtu);
-  w.rd_before = qp.rd_posted;
-  qp.rd_posted += is_rd_atomic(wr.opcode);
-  w.first_psn = qp.next_psn;
+  w.npkts = len <= qp.attr.pmtu || placed ? 1 : static_cast<uint32_t>((len + qp.attr.pmtu - 1) / qp.attr.pmtu);
+  w.rd_before = qp.req.rd_posted;
+  qp.req.rd_posted += is_rd_atomic(wr.opcode);
+  w.first_psn = qp.req.next_psn;
   qp.sq.push();
 
   if (qp.state == QpState::err || qp.state == QpState::sqe) {
@@ -255,21 +262,21 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   if (placed) {
     // Done: the data is in the peer's memory. The notice that follows
     // takes the PSN; the WQE stays until it is acknowledged.
-    qp.placed++;
+    qp.local.placed++;
     count(Counter::direct_writes);
     placed_since_pass.store(true, std::memory_order_relaxed);
     if (qp.sq_sig_all || (wr.flags & kSignaled))
       push(qp.send_cq, {wr.wr_id, WcStatus::success, WcOpcode::rdma_write, false, false,
                         w.length, 0, qp.qpn, 0, 0, stamp()});
   }
-  qp.next_psn = psn_add(qp.next_psn, w.npkts);
+  qp.req.next_psn = psn_add(qp.req.next_psn, w.npkts);
   // Nothing in flight: send now (latency). Otherwise the ACKs on their way
   // back run the engine again (the application's poll or the progress
   // thread), which sends the batch: back-to-back posts leave in one
   // sendmmsg. Where sending is cheap, a batch of kTxEager goes at once.
-  const bool in_flight = qp.una_psn != qp.tx_high;
+  const bool in_flight = qp.comp.una_psn != qp.req.tx_high;
   if (!send_single(qp, w)) requester_tx(qp);
-  if (!in_flight || (tx_nslots_ >= kTxEager && lp_->cheap_send(qp.peer))) tx_flush();
+  if (!in_flight || (tx_nslots_ >= kTxEager && lp_->cheap_send(qp.attr.peer))) tx_flush();
   check_faults();
 }
 
@@ -282,14 +289,14 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
 // here): a stream of WRITEs goes faster through the ring, where the copy
 // out runs on the receiver's core while the sender copies the next one in.
 bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
-  if (wr.opcode != WrOpcode::rdma_write || len > tun_.direct_write || !qp.local_path ||
-      qp.state != QpState::rts || qp.rate_bps || qp.placed >= kPlacedSlack ||
-      qp.sq.tail - qp.sq.head != qp.placed || qp.tx_psn != qp.next_psn ||
-      qp.polls_at_post == polls.load(std::memory_order_relaxed))
+  if (wr.opcode != WrOpcode::rdma_write || len > tun_.direct_write || !qp.local.same_host ||
+      qp.state != QpState::rts || qp.attr.rate_bps || qp.local.placed >= kPlacedSlack ||
+      qp.sq.tail - qp.sq.head != qp.local.placed || qp.req.tx_psn != qp.req.next_psn ||
+      qp.local.polls_at_post == polls.load(std::memory_order_relaxed))
     return false;
   iovec iov[kMaxSge];
   for (uint32_t i = 0; i < wr.num_sge; i++) iov[i] = {wr.sge[i].addr, wr.sge[i].length};
-  return lp_->place(qp.peer, qp.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
+  return lp_->place(qp.attr.peer, qp.attr.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
 }
 
 void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv) {
@@ -373,8 +380,8 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   for (size_t k = 0; k < nlive; k++) {
     const size_t i = start + k < nlive ? start + k : start + k - nlive;
     Qp *qp = live_[i];
-    if (qp->tx_psn == qp->next_psn) continue;
-    if (lp_->tx_blocked(qp->peer)) {
+    if (qp->req.tx_psn == qp->req.next_psn) continue;
+    if (lp_->tx_blocked(qp->attr.peer)) {
       if (!blocked) tx_next_ = i;
       blocked = true;
       continue;
@@ -439,8 +446,8 @@ void Engine::source_faults() {
 bool Engine::replies() {
   bool all = true;
   for (Qp *qp : ack_list_) {
-    all &= qp->sq.tail != qp->tail_at_hold;
-    qp->tail_at_hold = qp->sq.tail;
+    all &= qp->sq.tail != qp->resp.tail_at_hold;
+    qp->resp.tail_at_hold = qp->sq.tail;
   }
   return all;
 }
@@ -450,8 +457,8 @@ bool Engine::replies() {
 // a reply and the ACK it carries leave as one send whatever their sizes.
 void Engine::build_acks() {
   for (Qp *qp : ack_list_) {
-    if (qp->ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->epsn, kPsnMask));
-    qp->ack_pending = false;
+    if (qp->resp.ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->resp.epsn, kPsnMask));
+    qp->resp.ack_pending = false;
   }
   ack_list_.clear();
 }
@@ -495,20 +502,20 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   }
   if (qp->linger_until) {
     // A destroyed QP only acknowledges duplicates, for a while longer.
-    if ((v.p.info->mask & wire::IS_REQUEST) && psn_lt(v.psn(), qp->epsn)) {
+    if ((v.p.info->mask & wire::IS_REQUEST) && psn_lt(v.psn(), qp->resp.epsn)) {
       responder_rx(*qp, v);
       qp->linger_until = std::max(qp->linger_until, clock_() + 100'000'000);
     }
     return;
   }
   if (v.p.info->mask & wire::IS_REQUEST) {
-    // C10-?: a QP in RESET or INIT drops requests; RTR and later respond.
+    // A QP in RESET or INIT drops requests (IBA 10.3.1); RTR and later respond.
     if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err) {
       count(Counter::unknown_qp_drops);
       return;
     }
     responder_rx(*qp, v);
-    if (qp->held) drain_held(*qp);
+    if (qp->resp.held) drain_held(*qp);
   } else {
     if (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe) {
       count(Counter::unknown_qp_drops);
@@ -553,8 +560,8 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // UDP datagram's 64 KB.
   net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
   const bool join = g && grp_open_ && len <= grp_size_ && g->segs < grp_max_ &&
-                    grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.peer && g->tos == qp.tos &&
-                    g->ttl == qp.ttl && g->src_port == qp.sport;
+                    grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.attr.peer && g->tos == qp.attr.tos &&
+                    g->ttl == qp.attr.ttl && g->src_port == qp.attr.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
   // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
   const uint16_t seg = join ? g->segs : 0;
@@ -562,11 +569,11 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback.
-  const bool icrc = !qp.local_path || tun_.icrc_local;
+  const bool icrc = !qp.local.same_host || tun_.icrc_local;
   // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
   const auto pseudo = [&] {
-    wire::Ipv4Pseudo ip{nic_->local().ip, qp.peer.ip, qp.sport ? qp.sport : nic_->local().port,
-                        qp.peer.port};
+    wire::Ipv4Pseudo ip{nic_->local().ip, qp.attr.peer.ip, qp.attr.sport ? qp.attr.sport : nic_->local().port,
+                        qp.attr.peer.port};
     ip.ip_id = seg;
     return ip;
   };
@@ -602,7 +609,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     grp_bytes_ += len;
     grp_open_ = len == grp_size_;
   } else {
-    tx_pkts_[tx_count_++] = {qp.peer, s.iov, n, qp.tos, qp.ttl, qp.sport, 0, 1};
+    tx_pkts_[tx_count_++] = {qp.attr.peer, s.iov, n, qp.attr.tos, qp.attr.ttl, qp.attr.sport, 0, 1};
     grp_max_ = nic_->gso_segments();   // (asked per group: a backend may lower it when a send fails)
     grp_size_ = grp_bytes_ = len;
     grp_open_ = true;

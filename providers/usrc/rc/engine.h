@@ -41,6 +41,11 @@ struct EngineHooks {
   ~EngineHooks() = default;
 };
 
+// Copies len bytes from src into a scatter/gather list at offset off (a
+// receive WQE's buffers, a READ's); false if one of them is no longer
+// mapped (guard.h).
+bool scatter(const Sge *sge, uint32_t num_sge, uint32_t off, const uint8_t *src, uint32_t len);
+
 constexpr uint32_t kAccessRemoteWrite = 2, kAccessRemoteRead = 4, kAccessRemoteAtomic = 8;
 
 class Engine {
@@ -69,13 +74,24 @@ class Engine {
   // its packets leave from that port; from its own port where that one
   // could not be bound, see UdpNic::source_fd).
   static bool from_peer(const Qp &qp, net::Endpoint src) {
-    return src.ip == qp.peer.ip && (src.port == qp.peer.port || (qp.sport && src.port == qp.sport));
+    const QpAttrs &a = qp.attr;
+    return src.ip == a.peer.ip && (src.port == a.peer.port || (a.sport && src.port == a.sport));
   }
+  // One modify_qp, as the verbs glue (or a test) hands it over once it has
+  // checked it (the attributes' values and the state transition, IBA
+  // 10.3.1, are the glue's): the QP's attributes after the change, the
+  // PSNs it sets, the state it moves to.
+  struct QpChange {
+    QpAttrs attr;
+    bool new_peer = false;   // attr.peer given (AV or destination QPN): look its path up
+    bool set_rq_psn = false, set_sq_psn = false;
+    uint32_t rq_psn = 0, sq_psn = 0;
+    QpState state = QpState::reset;
+  };
+  void modify(Qp &qp, const QpChange &c);
   // Moves the QP to a new state with the IBA side effects (flush on ERR,
   // clear on RESET, PSNs loaded on RTR/RTS). Attribute checks are the glue's.
   void set_state(Qp &qp, QpState s);
-  void set_sq_psn(Qp &qp, uint32_t psn);
-  void set_rq_psn(Qp &qp, uint32_t psn) { qp.epsn = psn & kPsnMask; }
 
   int post_send(Qp &qp, const SendWr &wr);   // 0 or an errno
   // The same in two steps, without a copy of the WR: the slot the next
@@ -90,9 +106,10 @@ class Engine {
   // glue's short cut for a lone small SEND (post_small_send in qp.cpp)
   // fills the slot itself and calls post_small() when this holds.
   bool small_ready(const Qp &qp, uint64_t len) const {
-    return qp.in_place && len <= kTxCopy && len <= qp.pmtu && qp.state == QpState::rts &&
-           !qp.rnr_deadline && !qp.rate_bps &&
-           (qp.tx_psn == qp.next_psn || (qp.small_run && psn_diff(qp.tx_psn, qp.small_tail) >= 0));
+    return qp.local.in_place && len <= kTxCopy && len <= qp.attr.pmtu && qp.state == QpState::rts &&
+           !qp.comp.rnr_deadline && !qp.attr.rate_bps &&
+           (qp.req.tx_psn == qp.req.next_psn ||
+            (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
@@ -155,6 +172,8 @@ class Engine {
   uint32_t hold_max;              // requests kept beyond a gap (USRC_RX_HOLD)
 
  private:
+  void set_sq_psn(Qp &qp, uint32_t psn);
+  void set_rq_psn(Qp &qp, uint32_t psn) { qp.resp.epsn = psn & kPsnMask; }
   // requester.cpp
   void requester_tx(Qp &qp);
   bool send_single(Qp &qp, SendWqe &w);
@@ -188,26 +207,124 @@ class Engine {
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   bool fast_ack(const net::RxPacket &pkt);
+  bool use_retry(Qp &qp);
+  void ack_rcvd(Qp &qp, uint32_t psn);
+  void rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer);
+  void seq_nak_rcvd(Qp &qp, uint32_t psn);
+  void error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code);
   // responder.cpp
   size_t fast_sends(const net::RxPacket *pkts, size_t n);
+  // The responder (IBA 9.7.5.2) as short steps, each returning the next
+  // (as rxe's rxe_responder()): responder_rx runs them for one request.
+  enum class RespStep : uint8_t {
+    check_psn, duplicate, out_of_sequence, check_op_seq, check_op_valid, check_length,
+    check_resource, check_rkey, execute, complete, acknowledge, error, done
+  };
+  // Why a request is not taken, each with the responder's answer
+  // (respond_error): the IBA's error classes on the responder's side.
+  enum class RespErr : uint8_t {
+    psn_seq,      // class B: PSN sequence error: one sequence NAK per expected PSN
+    rnr,          // receiver not ready: RNR NAK, the requester retries
+    inv_req,      // class C: invalid request: NAK, QP to ERR, IBV_EVENT_QP_REQ_ERR
+    rem_access,   // class C: remote access error: NAK, QP to ERR, IBV_EVENT_QP_ACCESS_ERR
+    rem_op,       // class C: remote operational error: NAK, QP to ERR (the receive's
+                  //   completion says why: no async event)
+  };
+  struct RecvSink;
+  // The request responder_rx is taking: the packet and what the steps
+  // learn of it.
+  struct Request {
+    const PacketView &v;
+    uint32_t psn, mask, len;
+    bool first, last, is_send, is_write, placed;
+    uint8_t *to = nullptr;   // check_rkey: where a WRITE's payload goes
+    RespErr err = RespErr::inv_req;
+  };
   void responder_rx(Qp &qp, const struct PacketView &p);
+  RespStep check_psn(Qp &qp, Request &r);
+  RespStep duplicate(Qp &qp, Request &r);
+  RespStep out_of_sequence(Qp &qp, Request &r);
+  RespStep check_op_seq(Qp &qp, Request &r);
+  RespStep check_op_valid(Qp &qp, Request &r);
+  RespStep check_length(Qp &qp, Request &r);
+  RespStep check_resource(Qp &qp, Request &r);
+  RespStep check_rkey(Qp &qp, Request &r);
+  RespStep execute(Qp &qp, Request &r);
+  RespStep complete(Qp &qp, Request &r);
+  RespStep acknowledge(Qp &qp, Request &r);
+  void respond_error(Qp &qp, RespErr err, uint32_t psn);
+  // The coalesced ACK of a QP, sent once per transmit (build_acks).
+  [[gnu::always_inline]] void schedule_ack(Qp &qp) {
+    if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
+    qp.resp.ack_pending = true;
+  }
+  // The first request taken: a QP still in RTR reports it
+  // (IBV_EVENT_COMM_EST).
+  [[gnu::always_inline]] void note_first_request(Qp &qp) {
+    if (!qp.resp.comm_est) [[unlikely]] first_request(qp);
+  }
+  void first_request(Qp &qp);
+  bool execute_send(Qp &qp, const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len);
+  void complete_send(Qp &qp, RecvSink &k, const RecvWqe &r, bool last, bool imm, uint32_t imm_be,
+                     bool solicited);
+  // A request taken in order: the expected PSN moves on, a message's last
+  // packet counts in the MSN, the NAK-once flag clears, an ACK is due if
+  // asked for (acknowledge's state change; fast_sends' for each packet).
+  [[gnu::always_inline]] void accept_request(Qp &qp, bool last, bool ack_req) {
+    if (last) qp.resp.msn = msn_add(qp.resp.msn, 1);
+    qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+    qp.resp.nak_sent = false;
+    if (ack_req) schedule_ack(qp);
+  }
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
-  void nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev);
   bool ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn);
   void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void atomic_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len);
   void send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig);
-  void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
-                     uint32_t imm_be, bool solicited);
+  // Where receive completions go: a poller's array while it has room
+  // (DirectWc, taken for a run by recv_sink), else the QP's receive CQ.
+  struct RecvSink {
+    Wc *out = nullptr, *end = nullptr;
+  };
+  RecvSink recv_sink(const Qp &qp) {
+    Cq *const cq = qp.recv_cq;
+    if (cq && direct.cq == cq && direct.n < direct.room && cq->idle())
+      return {direct.wc + direct.n, direct.wc + direct.room};
+    return {};
+  }
+  void recv_sink_done(const RecvSink &k) {
+    if (k.out) direct.n = static_cast<uint32_t>(k.out - direct.wc);
+  }
+  // The receive WQE r, the oldest not yet completed, completes (the
+  // caller pops it: fast_sends pops a run of them at once).
+  [[gnu::always_inline]] void complete_recv(Qp &qp, RecvSink &k, const RecvWqe &r, WcStatus st, WcOpcode op,
+                                            uint32_t len, bool imm, uint32_t imm_be, bool solicited) {
+    if (k.out != k.end) {
+      *k.out++ = {r.wr.wr_id, uint32_t(st), uint32_t(op), 0, len, imm_be, qp.qpn, qp.attr.dest_qpn,
+                  imm ? kWcWithImm : 0, 0, qp.attr.dlid, 0, 0};
+    } else {
+      push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn,
+                        qp.attr.dlid, stamp()});
+    }
+  }
+  // The same for the head, into the CQ, popped.
+  void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm, uint32_t imm_be,
+                     bool solicited) {
+    RecvSink none;
+    complete_recv(qp, none, qp.rq.front(), st, op, len, imm, imm_be, solicited);
+    qp.rq.pop();
+  }
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);
   void drop_held(Qp &qp);
   // engine.cpp
   void handle_packet(const net::RxPacket &pkt);
   void flush_queues(Qp &qp);
-  void push(Cq *cq, const Completion &c);
+  [[gnu::always_inline]] void push(Cq *cq, const Completion &c) {
+    if (cq && !cq->push(c)) [[unlikely]] cq_overflow_ = true;
+  }
   void arm_timer(uint64_t deadline);
   void check_drained(Qp &qp);
   // After a step: a guarded copy that faulted fails its WQE, a full CQ

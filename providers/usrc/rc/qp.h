@@ -18,7 +18,7 @@ struct SendWqe {
   uint32_t length = 0;        // total payload bytes
   uint32_t first_psn = 0;     // assigned at post time (IBA 9.7.1.2)
   uint32_t npkts = 0;
-  // READs and ATOMICs posted on this QP before this WQE (Qp::rd_posted at
+  // READs and ATOMICs posted on this QP before this WQE (ReqState::rd_posted at
   // post time): the difference of two gives those between them in O(1).
   uint32_t rd_before = 0;
   // An RDMA WRITE placed in the peer's memory at post time and completed
@@ -83,15 +83,10 @@ struct Ring {
   uint32_t hi = 0, ti = 0;   // the slots of head and tail
 };
 
-struct Qp {
-  uint32_t qpn = 0;
-  QpState state = QpState::reset;
-  bool sq_sig_all = false;
-  Cq *send_cq = nullptr, *recv_cq = nullptr;
-  const void *pd = nullptr;   // protection domain (compared with MR's)
-  void *user = nullptr;       // owner's back pointer (the verbs QP)
-
-  // QP context (IBA 11.2.4.2 / seed iba-qp-context), set by modify_qp.
+// What modify_qp sets (the QP context, IBA 11.2.4.2 / seed
+// iba-qp-context): the verbs glue checks it and hands it over whole
+// (Engine::modify); the engines only read it.
+struct QpAttrs {
   uint32_t dest_qpn = 0;
   net::Endpoint peer;
   uint16_t dlid = 0;
@@ -101,19 +96,9 @@ struct Qp {
   // label; 0 = the context's own port).
   uint8_t tos = 0, ttl = 0;
   uint16_t sport = 0;
-  // The peer is on this host (net::Nic::same_host): packets to it carry no
-  // ICRC unless USRC_ICRC_LOCAL is set.
-  bool local_path = false;
-  // ... and packets to it are built in place in its shared-memory ring
-  // (net::Nic::tx_begin), without an ICRC: set on entering RTS.
-  bool in_place = false;
   // Packet pacing (static rate / IBV_QP_RATE_LIMIT): bits per second, 0 =
-  // unpaced; the earliest time the next packet may leave.
+  // unpaced.
   uint64_t rate_bps = 0;
-  // SQD (IBA 10.3.1.4): raise IBV_EVENT_SQ_DRAINED once the send queue has
-  // drained, if asked for (en_sqd_async_notify); once per entry into SQD.
-  bool sqd_notify = false, sqd_drained = false;
-  uint64_t pace_next = 0;
   uint32_t pmtu = 1024;       // bytes
   uint32_t access = 0;        // IBV_ACCESS_REMOTE_* allowed to the peer
   uint8_t timeout = 14;       // Local ACK Timeout exponent
@@ -122,30 +107,30 @@ struct Qp {
   uint8_t min_rnr_timer = 0;  // the RNR NAK timer code we send
   uint8_t max_rd_atomic = 1;  // READ/ATOMIC requests in flight (initiator depth)
   uint8_t max_dest_rd_atomic = kMaxRdAtomic;  // responder resources (0: none)
+  // SQD (IBA 10.3.1.4): raise IBV_EVENT_SQ_DRAINED once the send queue has
+  // drained, if asked for (en_sqd_async_notify) on entering SQD.
+  bool sqd_notify = false;
+};
 
-  Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
-  Ring<RecvWqe> rq;
-  uint32_t sq_cap = 1;         // WQEs the application may have outstanding
-  uint32_t placed = 0;         // placed WQEs in the SQ (completed, not yet ACKed)
-  bool gate_open = false;      // peers on this host may place into our memory
-  uint32_t polls_at_post = ~0u;   // Engine::polls at the last post_send
-  // Room for this many more send WRs (placed ones do not count).
-  uint32_t send_room() const {
-    const uint64_t busy = sq.tail - sq.head - placed;
-    return busy >= sq_cap ? 0 : sq_cap - static_cast<uint32_t>(busy);
-  }
+// Selective resend (Engine::resend_one): a sequence NAK's PSN (or, for a
+// probe, una) alone was resent (on, psn), as a peer that keeps what
+// follows a gap needs nothing else; peer_keeps: it did so before; the next
+// skip losses go back N (a peer that did not keep them, Engine::sel_acked).
+struct SelectiveResend {
+  uint32_t psn = 0;
+  bool on = false, probe = false, peer_keeps = false;
+  uint32_t back_psn = 0xffffffff;   // where sel_acked last went back N
+  uint8_t skip = 0;
+};
 
-  // Requester.
+// The requester's state (requester.cpp): send WQEs into request packets.
+struct ReqState {
   uint32_t next_psn = 0;      // first PSN of the next posted WQE (sq_psn)
   uint64_t tx_pos = 0;        // SQ position of the WQE holding tx_psn
   uint32_t rd_posted = 0;     // READs and ATOMICs ever posted (wraps)
   uint32_t tx_psn = 0;        // next PSN to put on the wire
   uint32_t tx_high = 0;       // one past the highest PSN ever sent
-  // The unsent WQEs from PSN small_tail on are small ones that
-  // Engine::post_small left to be built in place with the next ones
-  // (small_run: the last post was one of those).
-  uint32_t small_tail = 0;
-  bool small_run = false;
+  uint64_t pace_next = 0;     // pacing: the earliest time the next packet may leave
   uint32_t window = 64;       // max packets in flight
   // Loss response (not in the IBA, which leaves flow control to the
   // fabric): go-back-N resends everything after a lost packet, so the
@@ -155,17 +140,12 @@ struct Qp {
   // one per acknowledged packet up to ssthresh and by one per window above.
   uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }
-  // Selective resend (Engine::resend_one): a sequence NAK's PSN (or, for
-  // a probe, sel_probe, una) alone was resent (sel_on, sel_psn), as a
-  // peer that keeps what follows a gap needs nothing else; peer_keeps: it
-  // did so before; the next sel_skip losses go back N (a peer that did not
-  // keep them, Engine::sel_acked).
-  uint32_t sel_psn = 0;
-  bool sel_on = false, sel_probe = false, peer_keeps = false;
-  uint32_t sel_back_psn = 0xffffffff;   // where sel_acked last went back N
-  uint8_t sel_skip = 0;
+  SelectiveResend sel;
+};
 
-  // Completer.
+// The completer's state (completer.cpp): ACKs and NAKs in, WQEs retired,
+// timers and retries.
+struct CompState {
   uint32_t una_psn = 0;       // oldest unacknowledged PSN
   uint8_t retry_left = 7;
   uint8_t rnr_left = 7;
@@ -188,22 +168,21 @@ struct Qp {
   bool probed = false, probe_armed = false;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
+  bool sqd_drained = false;   // IBV_EVENT_SQ_DRAINED raised: once per entry into SQD
+};
 
-  // Responder.
+// The responder's state (responder.cpp): requests in, executed, ACKed.
+struct RespState {
   uint32_t epsn = 0;          // expected PSN (rq_psn)
   uint32_t msn = 0;
   bool in_msg = false;        // a multi-packet message is being received
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
-  bool nak_sent = false;      // a NAK for epsn was sent: wait (C9-... "NAK once")
+  bool nak_sent = false;      // a sequence NAK for epsn was sent: wait (IBA 9.7.5.2.3, NAK once)
   uint16_t held = 0;          // requests beyond epsn kept (Engine::hold)
   bool hold_missed = false;   // ... and some not (no room): NAK after the drain
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)
-  // Destroyed by the application but kept a little while to re-ACK
-  // duplicates: the peer may not have our last ACK yet, and without it it
-  // would retry until "retry exceeded" (the end of every pingpong).
-  uint64_t linger_until = 0;  // 0: a live QP
   uint32_t recv_offset = 0;
   // Executed ATOMICs, kept to answer duplicates: a duplicate ATOMIC returns
   // the saved result and is never executed again (IBA 9.7.5.2.2).
@@ -221,6 +200,53 @@ struct Qp {
   uint32_t write_rkey = 0;
   uint32_t write_left = 0;
   uint32_t write_len = 0;
+};
+
+// The same-host path's state: the short cuts a peer on this host allows.
+struct LocalPath {
+  // The peer is on this host (net::Nic::same_host): packets to it carry no
+  // ICRC unless USRC_ICRC_LOCAL is set.
+  bool same_host = false;
+  // ... and packets to it are built in place in its shared-memory ring
+  // (net::LocalPeers::tx_begin), without an ICRC: set on entering RTR or RTS.
+  bool in_place = false;
+  // The unsent WQEs from PSN small_tail on are small ones that
+  // Engine::post_small left to be built in place with the next ones
+  // (small_run: the last post was one of those).
+  uint32_t small_tail = 0;
+  bool small_run = false;
+  uint32_t placed = 0;         // placed WQEs in the SQ (completed, not yet ACKed)
+  bool gate_open = false;      // peers on this host may place into our memory
+  uint32_t polls_at_post = ~0u;   // Engine::polls at the last post_send
+};
+
+struct Qp {
+  uint32_t qpn = 0;
+  QpState state = QpState::reset;
+  bool sq_sig_all = false;
+  Cq *send_cq = nullptr, *recv_cq = nullptr;
+  const void *pd = nullptr;   // protection domain (compared with MR's)
+  void *user = nullptr;       // owner's back pointer (the verbs QP)
+  // Destroyed by the application but kept a little while to re-ACK
+  // duplicates: the peer may not have our last ACK yet, and without it it
+  // would retry until "retry exceeded" (the end of every pingpong).
+  uint64_t linger_until = 0;  // 0: a live QP
+
+  QpAttrs attr;
+
+  Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
+  Ring<RecvWqe> rq;
+  uint32_t sq_cap = 1;         // WQEs the application may have outstanding
+  // Room for this many more send WRs (placed ones do not count).
+  uint32_t send_room() const {
+    const uint64_t busy = sq.tail - sq.head - local.placed;
+    return busy >= sq_cap ? 0 : sq_cap - static_cast<uint32_t>(busy);
+  }
+
+  ReqState req;
+  CompState comp;
+  RespState resp;
+  LocalPath local;
 };
 
 }  // namespace usrc::rc

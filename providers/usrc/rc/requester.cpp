@@ -22,95 +22,95 @@ using wire::Opcode;
 // packets again. Bounded per call (design: cap retransmits per pass).
 void Engine::requester_tx(Qp &qp) {
   if (qp.state != QpState::rts && qp.state != QpState::sqd) return;
-  if (qp.rnr_deadline) return;   // waiting out an RNR NAK
-  if (lp_->tx_blocked(qp.peer)) return;   // the peer's ring is full: what waits goes first
-  if (qp.state == QpState::rts && !qp.rate_bps && qp.in_place)
-    while (qp.tx_psn != qp.next_psn && send_direct(qp)) {
+  if (qp.comp.rnr_deadline) return;   // waiting out an RNR NAK
+  if (lp_->tx_blocked(qp.attr.peer)) return;   // the peer's ring is full: what waits goes first
+  if (qp.state == QpState::rts && !qp.attr.rate_bps && qp.local.in_place)
+    while (qp.req.tx_psn != qp.req.next_psn && send_direct(qp)) {
     }
   uint32_t cap = tun_.retransmit_cap;
-  while (qp.tx_psn != qp.next_psn && cap--) {
-    const uint32_t wnd = qp.send_window();
-    if (static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) >= wnd) break;
-    SendWqe &w = qp.sq.at(qp.tx_pos);
+  while (qp.req.tx_psn != qp.req.next_psn && cap--) {
+    const uint32_t wnd = qp.req.send_window();
+    if (static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn)) >= wnd) break;
+    SendWqe &w = qp.sq.at(qp.req.tx_pos);
     const bool rd = is_rd_atomic(w.wr.opcode);
-    if (qp.tx_psn == w.first_psn || rd) {
+    if (qp.req.tx_psn == w.first_psn || rd) {
       // SQD (IBA 10.3.1.4): finish the message in progress, start no new
       // one. A message sent before (tx_high beyond its start) is in
       // progress, also when a loss makes it resend from its first packet.
-      if (qp.state == QpState::sqd && qp.tx_psn == w.first_psn && !psn_lt(w.first_psn, qp.tx_high))
+      if (qp.state == QpState::sqd && qp.req.tx_psn == w.first_psn && !psn_lt(w.first_psn, qp.req.tx_high))
         break;
       if (rd || (w.wr.flags & kFence)) {
         // READ/ATOMIC requests in flight: those in [head, tx_pos).
         const uint32_t in_flight =
-            qp.sq.head == qp.tx_pos ? 0 : w.rd_before - qp.sq.front().rd_before;
+            qp.sq.head == qp.req.tx_pos ? 0 : w.rd_before - qp.sq.front().rd_before;
         // IBV_SEND_FENCE (IBA 10.8.3.3): wait for earlier READs and ATOMICs.
         if ((w.wr.flags & kFence) && in_flight) break;
         // Initiator depth (max_rd_atomic, IBA 9.7.4.1.5).
-        if (rd && in_flight >= std::max<uint32_t>(qp.max_rd_atomic, 1)) break;
+        if (rd && in_flight >= std::max<uint32_t>(qp.attr.max_rd_atomic, 1)) break;
       }
     }
     // A READ takes one request packet but as many PSNs as response packets
     // (IBA 9.7.1.2). A large READ is asked for in pieces that fit the window,
     // each a READ request of its own, so that the responses never overrun
     // our receive buffer: flow control for the responder's side too.
-    uint32_t next = psn_add(qp.tx_psn, 1);
+    uint32_t next = psn_add(qp.req.tx_psn, 1);
     if (rd) {
-      uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.tx_psn));
-      uint32_t room = wnd - static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+      uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.req.tx_psn));
+      uint32_t room = wnd - static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));
       if (room < left && room < wnd / 4) break;   // no tiny pieces
-      next = psn_add(qp.tx_psn, std::min(left, room));
+      next = psn_add(qp.req.tx_psn, std::min(left, room));
     }
-    if (qp.rate_bps) {
+    if (qp.attr.rate_bps) {
       // Packet pacing: a token bucket of 64 KB at the QP's rate.
       uint64_t now = clock_();
-      if (now < qp.pace_next) {
-        arm_timer(qp.pace_next);
+      if (now < qp.req.pace_next) {
+        arm_timer(qp.req.pace_next);
         break;
       }
-      uint64_t burst_ns = (65536ull * 8 * 1000000000ull) / qp.rate_bps;
-      uint32_t bytes = rd ? 64 : std::min(qp.pmtu, w.length) + 64;   // + IP/UDP/IBA headers
-      qp.pace_next = std::max(qp.pace_next, now > burst_ns ? now - burst_ns : 0) +
-                     (uint64_t(bytes) * 8 * 1000000000ull) / qp.rate_bps;
+      uint64_t burst_ns = (65536ull * 8 * 1000000000ull) / qp.attr.rate_bps;
+      uint32_t bytes = rd ? 64 : std::min(qp.attr.pmtu, w.length) + 64;   // + IP/UDP/IBA headers
+      qp.req.pace_next = std::max(qp.req.pace_next, now > burst_ns ? now - burst_ns : 0) +
+                     (uint64_t(bytes) * 8 * 1000000000ull) / qp.attr.rate_bps;
     }
     // The packet that fills the window asks for an ACK: nothing else would
     // open it again but the Local ACK Timeout.
-    build_request(qp, w, qp.tx_psn, next, static_cast<uint32_t>(psn_diff(next, qp.una_psn)) >= wnd);
+    build_request(qp, w, qp.req.tx_psn, next, static_cast<uint32_t>(psn_diff(next, qp.comp.una_psn)) >= wnd);
     sent(qp, w, next);
   }
-  if (qp.una_psn != qp.tx_high && !qp.ack_deadline) arm_retransmit(qp);
+  if (qp.comp.una_psn != qp.req.tx_high && !qp.comp.ack_deadline) arm_retransmit(qp);
 }
 
 // The requester's state after the packets [tx_psn, next) of w were built.
 void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
-  if (psn_diff(next, qp.tx_high) > 0) {
-    qp.tx_high = next;
-    if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
-      qp.rtt_on = true;
-      qp.rtt_sent = stamp();
-      qp.rtt_psn = qp.tx_psn;
+  if (psn_diff(next, qp.req.tx_high) > 0) {
+    qp.req.tx_high = next;
+    if (!qp.comp.rtt_on) {   // time one packet's round trip (never a resend)
+      qp.comp.rtt_on = true;
+      qp.comp.rtt_sent = stamp();
+      qp.comp.rtt_psn = qp.req.tx_psn;
     }
   } else {
     count(Counter::retransmits);
   }
-  qp.tx_psn = next;
-  if (qp.tx_psn == psn_add(w.first_psn, w.npkts)) qp.tx_pos++;
+  qp.req.tx_psn = next;
+  if (qp.req.tx_psn == psn_add(w.first_psn, w.npkts)) qp.req.tx_pos++;
 }
 
 // The common small message, sent as it is posted: one packet, all before
 // it sent, room in the window, in RTS, unpaced, no READ or ATOMIC ordering
 // to keep. Does what requester_tx would do for it, without its loop.
 bool Engine::send_single(Qp &qp, SendWqe &w) {
-  if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.rnr_deadline || qp.rate_bps ||
-      qp.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence) ||
-      lp_->tx_blocked(qp.peer))
+  if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.comp.rnr_deadline || qp.attr.rate_bps ||
+      qp.req.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence) ||
+      lp_->tx_blocked(qp.attr.peer))
     return false;
-  const uint32_t wnd = qp.send_window();
-  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
+  const uint32_t wnd = qp.req.send_window();
+  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));
   if (used >= wnd) return false;
-  const uint32_t next = psn_add(qp.tx_psn, 1);
-  build_request(qp, w, qp.tx_psn, next, used + 1 >= wnd);
+  const uint32_t next = psn_add(qp.req.tx_psn, 1);
+  build_request(qp, w, qp.req.tx_psn, next, used + 1 >= wnd);
   sent(qp, w, next);
-  if (!qp.ack_deadline) arm_retransmit(qp);
+  if (!qp.comp.ack_deadline) arm_retransmit(qp);
   return true;
 }
 
@@ -121,12 +121,12 @@ bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
   if (wr.num_sge > 1 || is_rd_atomic(wr.opcode) || (wr.flags & kFence)) return false;
   // (A WRITE that place() may put in the peer's memory: the general path.
   // It places only for an application that polled since its last post.)
-  return wr.opcode != WrOpcode::rdma_write || !qp.local_path || len > tun_.direct_write ||
-         qp.polls_at_post == polls.load(std::memory_order_relaxed);
+  return wr.opcode != WrOpcode::rdma_write || !qp.local.same_host || len > tun_.direct_write ||
+         qp.local.polls_at_post == polls.load(std::memory_order_relaxed);
 }
 
 // post_slot() for what small_wr() allows to a peer reached in place
-// (Qp::in_place), behind only small messages posted the same way: the WQE
+// (LocalPath::in_place), behind only small messages posted the same way: the WQE
 // takes its PSN and what its packet's headers need, and its packet is
 // built with the ones posted after it (send_direct), at once if nothing is
 // in flight, or once kTxEager wait and the window has room, or at the
@@ -139,11 +139,11 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
     wr.num_sge = 1;
     wr.sge[0] = {w.inline_data, len};
   }
-  const uint32_t psn = qp.next_psn, next = psn_add(psn, 1);
+  const uint32_t psn = qp.req.next_psn, next = psn_add(psn, 1);
   w.length = len;
   w.placed = false;
   w.npkts = 1;
-  w.rd_before = qp.rd_posted;
+  w.rd_before = qp.req.rd_posted;
   w.first_psn = psn;
   const uint8_t op = request_opcode(w, 0);
   const uint32_t pad = wire::pad_for(len);
@@ -151,14 +151,14 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   w.reth_immdt = static_cast<uint8_t>(wire::kOpcodeTable[op].mask & (wire::HAS_RETH | wire::HAS_IMMDT));
   w.pkt_len = static_cast<uint16_t>(wire::kOpcodeTable[op].hdr_len + len + pad + wire::kIcrcLen);
   w.bth0 = wire::bth::word0(op, wr.flags & kSolicited, pad);
-  qp.polls_at_post = polls.load(std::memory_order_relaxed);
+  qp.local.polls_at_post = polls.load(std::memory_order_relaxed);
   qp.sq.push();
-  qp.next_psn = next;
-  if (!qp.small_run || qp.tx_psn == psn) qp.small_tail = psn;
-  qp.small_run = true;
-  const bool in_flight = qp.una_psn != qp.tx_high;
-  if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.tx_psn)) >= kTxEager &&
-                     static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn)) < qp.send_window())) {
+  qp.req.next_psn = next;
+  if (!qp.local.small_run || qp.req.tx_psn == psn) qp.local.small_tail = psn;
+  qp.local.small_run = true;
+  const bool in_flight = qp.comp.una_psn != qp.req.tx_high;
+  if (!in_flight || (static_cast<uint32_t>(psn_diff(next, qp.req.tx_psn)) >= kTxEager &&
+                     static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn)) < qp.req.send_window())) {
     Pass pass(*this, 0);   // (as post_slot's)
     requester_tx(qp);
     tx_flush();
@@ -173,29 +173,29 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
 // size (the last may be shorter) and at most 64 of them (the segment index
 // in the BTH); pad and ICRC are zeros (a peer on this host, see
 // tx_commit). What it leaves, requester_tx() sends the usual way. The
-// caller checked Qp::in_place, RTS, no RNR wait, no pacing. False if it
+// caller checked LocalPath::in_place, RTS, no RNR wait, no pacing. False if it
 // sent nothing.
 bool Engine::send_direct(Qp &qp) {
-  const uint32_t wnd = qp.send_window();
-  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.tx_psn, qp.una_psn));
-  if (qp.tx_psn == qp.next_psn || used >= wnd) return false;
+  const uint32_t wnd = qp.req.send_window();
+  const uint32_t used = static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));
+  if (qp.req.tx_psn == qp.req.next_psn || used >= wnd) return false;
   // The WQE holding tx_psn, and the ones after it in turn (each takes one
   // PSN): at most the unsent ones, the window's room and 64.
-  SendWqe *w = &qp.sq.at(qp.tx_pos);
+  SendWqe *w = &qp.sq.at(qp.req.tx_pos);
   if (!w->small) return false;
   const uint32_t most =
-      std::min({static_cast<uint32_t>(psn_diff(qp.next_psn, qp.tx_psn)), wnd - used, 64u});
+      std::min({static_cast<uint32_t>(psn_diff(qp.req.next_psn, qp.req.tx_psn)), wnd - used, 64u});
   size_t cap = 0;
   uint8_t *const base = ring_slot(qp, &cap);
   if (!base) return false;
   SendWqe *const begin = qp.sq.slots.data(), *const end = begin + qp.sq.capacity();
-  const uint32_t seg = w->pkt_len, dest = qp.dest_qpn;
+  const uint32_t seg = w->pkt_len, dest = qp.attr.dest_qpn;
   // The slot's lines are the consumer's (it read them last time round):
   // all asked for at once, ahead of the writes, so that the stores do not
   // wait for them one by one.
   prefetch_lines<true>(base, std::min<size_t>(size_t(most) * seg, cap));
   uint8_t *p = base;
-  uint32_t psn = qp.tx_psn, k = 0, total = seg;
+  uint32_t psn = qp.req.tx_psn, k = 0, total = seg;
   do {
     total = w->pkt_len;
     if (k && (total > seg || p + total > base + cap)) break;
@@ -216,7 +216,7 @@ bool Engine::send_direct(Qp &qp) {
   ring_slot_done(static_cast<size_t>(p - base), seg, k);   // (none: an empty datagram, dropped)
   if (!k) return false;
   sent_run(qp, k);
-  if (!qp.ack_deadline) arm_retransmit(qp);
+  if (!qp.comp.ack_deadline) arm_retransmit(qp);
   return true;
 }
 
@@ -224,7 +224,7 @@ bool Engine::send_direct(Qp &qp) {
 // after what is built already (it leaves first); nullptr if there is none.
 uint8_t *Engine::ring_slot(const Qp &qp, size_t *cap) {
   if (tx_nslots_) send_batch();
-  return lp_->tx_begin(qp.peer, qp.sport, cap);
+  return lp_->tx_begin(qp.attr.peer, qp.attr.sport, cap);
 }
 
 // The ring slot holds len bytes, packets of seg bytes (the last may be
@@ -237,30 +237,30 @@ void Engine::ring_slot_done(size_t len, size_t seg, uint32_t n) {
 
 // sent() for k one-packet WQEs from tx_psn on.
 void Engine::sent_run(Qp &qp, uint32_t k) {
-  const uint32_t from = qp.tx_psn, to = psn_add(from, k);
-  const int32_t fresh = std::min<int32_t>(psn_diff(to, qp.tx_high), static_cast<int32_t>(k));
+  const uint32_t from = qp.req.tx_psn, to = psn_add(from, k);
+  const int32_t fresh = std::min<int32_t>(psn_diff(to, qp.req.tx_high), static_cast<int32_t>(k));
   if (fresh > 0) {
-    if (!qp.rtt_on) {   // time one packet's round trip (never a resend)
-      qp.rtt_on = true;
-      qp.rtt_sent = stamp();
-      qp.rtt_psn = psn_add(to, kPsnMask + 1 - static_cast<uint32_t>(fresh));
+    if (!qp.comp.rtt_on) {   // time one packet's round trip (never a resend)
+      qp.comp.rtt_on = true;
+      qp.comp.rtt_sent = stamp();
+      qp.comp.rtt_psn = psn_add(to, kPsnMask + 1 - static_cast<uint32_t>(fresh));
     }
-    qp.tx_high = to;
+    qp.req.tx_high = to;
   }
   if (static_cast<int32_t>(k) > fresh) count(Counter::retransmits, k - std::max(fresh, 0));
-  qp.tx_psn = to;
-  qp.tx_pos += k;
+  qp.req.tx_psn = to;
+  qp.req.tx_pos += k;
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {
   uint32_t k = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
-  uint32_t off = k * qp.pmtu;
-  uint32_t len = std::min(qp.pmtu, w.length - std::min(off, w.length));
+  uint32_t off = k * qp.attr.pmtu;
+  uint32_t len = std::min(qp.attr.pmtu, w.length - std::min(off, w.length));
   bool last = k + 1 == w.npkts;
 
   if (is_rd_atomic(w.wr.opcode) || w.placed) {
     wire::Headers h;
-    h.bth.dest_qp = qp.dest_qpn;
+    h.bth.dest_qp = qp.attr.dest_qpn;
     h.bth.psn = psn;
     // A request without payload, answered on its own.
     h.bth.ack_req = true;
@@ -272,7 +272,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
       h.bth.opcode = request_opcode(w, 0);
       // A READ asked for in pieces, or resent from a response gap, asks for
       // the bytes of PSNs [psn, next).
-      uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.pmtu, w.length);
+      uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.attr.pmtu, w.length);
       h.reth = {w.wr.remote_va + off, w.wr.rkey, end - std::min(off, end)};
       h.atomic = {w.wr.remote_va, w.wr.rkey,
                   w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap : w.wr.compare_add,
@@ -289,7 +289,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   const uint32_t every = tun_.ack_every;
   TxSlot &s = tx_slot();
   uint8_t *p = wire::put_request(s.hdr, request_opcode(w, k), last && (w.wr.flags & kSolicited), len,
-                                 qp.dest_qpn, ack_req || last || (every && (psn % every) == 0), psn,
+                                 qp.attr.dest_qpn, ack_req || last || (every && (psn % every) == 0), psn,
                                  w.wr.remote_va, w.wr.rkey, w.length, w.wr.imm_be);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
@@ -300,18 +300,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   }
   // Gather the payload straight from the registered buffers (no copy).
   size_t pieces = 0;
-  uint32_t skip = off, need = len;
-  for (uint32_t i = 0; i < w.wr.num_sge && need; i++) {
-    const Sge &g = w.wr.sge[i];
-    if (skip >= g.length) {
-      skip -= g.length;
-      continue;
-    }
-    uint32_t take = std::min(g.length - skip, need);
-    s.iov[1 + pieces++] = {g.addr + skip, take};
-    need -= take;
-    skip = 0;
-  }
+  for_each_piece(w.wr.sge, w.wr.num_sge, off, len, [&](uint8_t *p, uint32_t n) {
+    s.iov[1 + pieces++] = {p, n};
+    return true;
+  });
   tx_commit(qp, hl, len, pieces);
 }
 
@@ -323,29 +315,30 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // alone (sel_acked). A probe (check_timers) resends una the same way.
 // False: go back N.
 bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
-  if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.rnr_deadline) return false;   // (as requester_tx)
-  if (qp.sel_skip && !probe) {
-    qp.sel_skip--;
+  if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.comp.rnr_deadline)
+    return false;   // (as requester_tx)
+  if (qp.req.sel.skip && !probe) {
+    qp.req.sel.skip--;
     return false;
   }
-  if (!psn_lt(psn, qp.tx_psn)) return false;   // (not sent: sending it is a go-back)
+  if (!psn_lt(psn, qp.req.tx_psn)) return false;   // (not sent: sending it is a go-back)
   const uint64_t pos = wqe_of(qp, psn);
   if (pos == qp.sq.tail) return false;
   SendWqe &w = qp.sq.at(pos);
   if (is_rd_atomic(w.wr.opcode) || w.placed) return false;
   build_request(qp, w, psn, psn_add(psn, 1), true);
   count(Counter::retransmits);
-  qp.rtt_on = false;   // (Karn, as go_back_n)
-  if (probe && qp.sel_on && qp.sel_psn == psn) return true;   // (a resend of the NAK's resend)
+  qp.comp.rtt_on = false;   // (Karn, as go_back_n)
+  if (probe && qp.req.sel.on && qp.req.sel.psn == psn) return true;   // (a resend of the NAK's resend)
   if (!probe) count(Counter::selective_resends);
-  qp.sel_on = true;
-  qp.sel_psn = psn;
-  qp.sel_probe = probe;
+  qp.req.sel.on = true;
+  qp.req.sel.psn = psn;
+  qp.req.sel.probe = probe;
   return true;
 }
 
-// una moved past a packet resent alone (Qp::sel_on). Taken with packets
-// after it: the peer keeps them (Qp::peer_keeps; a probe's may only answer
+// una moved past a packet resent alone (SelectiveResend::on). Taken with packets
+// after it: the peer keeps them (SelectiveResend::peer_keeps; a probe's may only answer
 // the first sending, and tells nothing). Taken alone, though more were
 // sent after it: the next one is missing too, and the rest is resent from
 // there, once, rather than one packet per round trip: a peer that keeps
@@ -353,23 +346,23 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
 // dropped them, and its next kSelSkip losses go back N at once.
 void Engine::sel_acked(Qp &qp) {
   constexpr uint8_t kSelSkip = 8;
-  const int32_t past = psn_diff(qp.una_psn, qp.sel_psn);
+  const int32_t past = psn_diff(qp.comp.una_psn, qp.req.sel.psn);
   if (past <= 0) return;
-  qp.sel_on = false;
+  qp.req.sel.on = false;
   if (past > 1) {
-    qp.peer_keeps |= !qp.sel_probe;
+    qp.req.sel.peer_keeps |= !qp.req.sel.probe;
     return;
   }
-  if (!psn_lt(qp.una_psn, qp.tx_psn)) return;
-  if (!qp.peer_keeps && !qp.sel_probe) qp.sel_skip = kSelSkip;
-  qp.sel_back_psn = qp.una_psn;   // (a NAK for it may follow: see completer_rx)
-  go_back_n(qp, qp.una_psn);
+  if (!psn_lt(qp.comp.una_psn, qp.req.tx_psn)) return;
+  if (!qp.req.sel.peer_keeps && !qp.req.sel.probe) qp.req.sel.skip = kSelSkip;
+  qp.req.sel.back_psn = qp.comp.una_psn;   // (a NAK for it may follow: see completer_rx)
+  go_back_n(qp, qp.comp.una_psn);
 }
 
 // Whether the first retransmission-timer expiry can be a probe: una's
 // packet resent alone (resend_one). Checked when the timer is armed.
 bool Engine::probe_ok(const Qp &qp) const {
-  if (qp.probed || qp.sel_skip || qp.sq.empty()) return false;
+  if (qp.comp.probed || qp.req.sel.skip || qp.sq.empty()) return false;
   const SendWqe &w = qp.sq.front();
   return !is_rd_atomic(w.wr.opcode) && !w.placed;
 }
@@ -383,9 +376,9 @@ uint64_t Engine::wqe_of(Qp &qp, uint32_t psn) {
 
 // Go-back-N (IBA 9.7.4.1.4): resend from psn, which lies in [una, next).
 void Engine::go_back_n(Qp &qp, uint32_t psn) {
-  qp.tx_psn = psn;
-  qp.rtt_on = false;   // an ACK from now on may answer a resend (Karn)
-  qp.tx_pos = wqe_of(qp, psn);
+  qp.req.tx_psn = psn;
+  qp.comp.rtt_on = false;   // an ACK from now on may answer a resend (Karn)
+  qp.req.tx_pos = wqe_of(qp, psn);
 }
 
 }  // namespace usrc::rc

@@ -13,7 +13,7 @@ namespace usrc::rc {
 using wire::Opcode;
 
 void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
-  if (!qp.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
+  if (!qp.local.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
   switch (wire::aeth_type(syndrome)) {
     case wire::AckType::ack: count(Counter::acks_sent); break;
     case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
@@ -23,73 +23,124 @@ void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
   }
 }
 
-// The ACK (or NAK) of a QP whose peer's ring we build in (Qp::in_place),
+// The ACK (or NAK) of a QP whose peer's ring we build in (LocalPath::in_place),
 // straight into a slot of it, after what is built already; false if there
 // is no slot.
 bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
   size_t cap = 0;
   uint8_t *const p = ring_slot(qp, &cap);   // (behind what is built: READ responses before their ACK)
   if (!p) return false;
-  const size_t hl = wire::put_ack(p, syndrome, qp.msn, qp.dest_qpn, psn);
+  const size_t hl = wire::put_ack(p, syndrome, qp.resp.msn, qp.attr.dest_qpn, psn);
   std::memset(p + hl, 0, wire::kIcrcLen);   // (a peer on this host)
   ring_slot_done(hl + wire::kIcrcLen, hl + wire::kIcrcLen, 1);
   return true;
 }
 
-void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
+// The headers of a response to qp's peer: opcode op for psn, an AETH of
+// syndrome and our MSN.
+static wire::Headers response_headers(const Qp &qp, uint8_t op, uint32_t psn, uint8_t syndrome) {
   wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ACKNOWLEDGE);
+  h.bth.opcode = op;
   h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
+  h.bth.dest_qp = qp.attr.dest_qpn;
   h.bth.psn = psn;
-  h.aeth = {syndrome, qp.msn};
+  h.aeth = {syndrome, qp.resp.msn};
+  return h;
+}
+
+void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
+  const wire::Headers h = response_headers(qp, uint8_t(Opcode::RC_ACKNOWLEDGE), psn, syndrome);
   TxSlot &s = tx_slot();
   size_t hl = wire::build_headers(h, 0, s.hdr);
   tx_commit(qp, hl, 0, 0);
 }
 
-// A request the responder cannot execute (IBA 9.7.5.2.4, the NAK codes):
-// NAKed with code, the QP to the error state, the async event ev.
-void Engine::nak_fail(Qp &qp, uint8_t code, uint32_t psn, QpEvent ev) {
-  send_ack(qp, wire::aeth_nak(code), psn);
-  qp.nak_sent = true;
-  set_state(qp, QpState::err);
-  if (hooks_) hooks_->qp_event(qp, ev);
-}
-
-void Engine::complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm,
-                           uint32_t imm_be, bool solicited) {
-  const RecvWqe &r = qp.rq.front();
-  push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.dest_qpn, qp.dlid, stamp()});
-  qp.rq.pop();
-}
-
-// Scatter len bytes at offset off of the receive WQE's buffers; false if
-// one of them is no longer mapped (guard.h).
-[[gnu::noinline]] static bool scatter(const RecvWqe &r, uint32_t off, const uint8_t *src, uint32_t len) {
-  for (uint32_t i = 0; i < r.wr.num_sge && len; i++) {
-    const Sge &g = r.wr.sge[i];
-    if (off >= g.length) {
-      off -= g.length;
-      continue;
-    }
-    uint32_t n = std::min(g.length - off, len);
-    if (!guard::copy(g.addr + off, src, n)) return false;
+[[gnu::noinline]] bool scatter(const Sge *sge, uint32_t num_sge, uint32_t off, const uint8_t *src, uint32_t len) {
+  return for_each_piece(sge, num_sge, off, len, [&](uint8_t *to, uint32_t n) {
+    if (!guard::copy(to, src, n)) return false;
     src += n;
-    len -= n;
-    off = 0;
+    return true;
+  });
+}
+
+// A SEND's payload into the receive WQE r at offset off (the caller checked
+// that it fits); false if its buffer is no longer mapped. One buffer, the
+// common case: one copy.
+[[gnu::always_inline]] static inline bool place_send(const RecvWqe &r, uint32_t off, const uint8_t *src,
+                                                     uint32_t len) {
+  if (r.wr.num_sge == 1) return guard::copy(r.wr.sge[0].addr + off, src, len);
+  return scatter(r.wr.sge, r.wr.num_sge, off, src, len);
+}
+
+// What the responder answers a request it does not take (RespErr): the
+// one place that NAKs.
+void Engine::respond_error(Qp &qp, RespErr err, uint32_t psn) {
+  switch (err) {
+    case RespErr::psn_seq:
+      // Class B (IBA 9.7.5.2.3): NAK once, naming the expected PSN, then
+      // take nothing until it arrives.
+      if (qp.resp.nak_sent) return;
+      qp.resp.nak_sent = true;
+      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
+      return;
+    case RespErr::rnr:
+      // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back
+      // after our RNR timer; the QP stays as it is.
+      send_ack(qp, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
+      qp.resp.nak_sent = true;
+      return;
+    case RespErr::inv_req:
+    case RespErr::rem_access:
+    case RespErr::rem_op: {
+      // Class C (IBA 9.7.5.2.4, the NAK codes): NAKed, and the responder's
+      // QP goes to the error state.
+      const uint8_t code = err == RespErr::inv_req      ? wire::NAK_INVALID_REQUEST
+                           : err == RespErr::rem_access ? wire::NAK_REMOTE_ACCESS
+                                                        : wire::NAK_REMOTE_OP;
+      send_ack(qp, wire::aeth_nak(code), psn);
+      qp.resp.nak_sent = true;
+      set_state(qp, QpState::err);
+      if (err != RespErr::rem_op && hooks_)
+        hooks_->qp_event(qp, err == RespErr::inv_req ? QpEvent::req_err : QpEvent::access_err);
+      return;
+    }
   }
+}
+
+// execute for a SEND packet: its payload into the receive WQE r (the head)
+// at off (0 for a FIRST or ONLY), which it fits (check_resource); false if
+// the buffer is no longer mapped.
+[[gnu::always_inline]] inline bool Engine::execute_send(Qp &qp, const RecvWqe &r, uint32_t off, const uint8_t *src,
+                                                        uint32_t len) {
+  if (!place_send(r, off, src, len)) [[unlikely]] return false;
+  qp.resp.recv_offset = off + len;
   return true;
+}
+
+// complete for a SEND packet: a message's last packet completes its
+// receive WQE r (the caller pops it).
+[[gnu::always_inline]] inline void Engine::complete_send(Qp &qp, RecvSink &k, const RecvWqe &r, bool last, bool imm,
+                                                         uint32_t imm_be, bool solicited) {
+  qp.resp.in_msg = !last;
+  qp.resp.in_send = true;
+  if (last) complete_recv(qp, k, r, WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, imm, imm_be, solicited);
+}
+
+void Engine::first_request(Qp &qp) {
+  qp.resp.comm_est = true;
+  if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
 }
 
 // The common request on its own short path: SEND ONLYs (with or without
 // immediate data) from the peer of a QP on this host, without an ICRC, in
 // order, each into a posted receive that holds it; as many in a row as
 // there are, for the QP of the first (checked once: a same-host sender's
-// ring slot holds a run of them). Returns how many it took. Every packet
-// it does not take goes through parse() and responder_rx(), which check,
-// NAK, drop and count what is wrong with it; what this one takes they
-// would handle the same way.
+// ring slot holds a run of them). Returns how many it took. It only
+// admits: each packet it takes goes through the pipeline's own execute,
+// complete and acknowledge (place_send, complete_recv, accept_request),
+// with none of the checks those packets pass anyway. Every packet it does
+// not take goes through parse() and responder_rx(), which check, NAK, drop
+// and count what is wrong with it.
 size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   constexpr uint8_t kOnly = uint8_t(Opcode::RC_SEND_ONLY), kOnlyImm = uint8_t(Opcode::RC_SEND_ONLY_IMM);
   if (pkts[0].len < wire::kMinPacketLen ||
@@ -97,33 +148,22 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     return 0;
   const uint32_t qpn = wire::bth::qpn(pkts[0].data);
   Qp *qp = find_qp(qpn);
-  // No ICRC is accepted only from this host: the QP's peer, on a local path.
-  if (!qp || !qp->local_path || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->comm_est ||
-      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->in_msg || qp->held)
+  // No ICRC is accepted only from this host: the QP's peer, on a local
+  // path. In order (check_psn), between messages (check_op_seq), past its
+  // first request (note_first_request).
+  if (!qp || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
+      qp->state < QpState::rtr || qp->state > QpState::sqe || qp->resp.in_msg || qp->resp.held)
     return 0;
-  uint32_t epsn = qp->epsn, last_len = 0;
-  bool ack = false;
   uint64_t bytes = 0;
-  // What the run needs of the QP, read once: the payload copies store
-  // through byte pointers, after which the compiler would read every QP
-  // field again. The receives are walked by pointer and popped together.
-  const uint32_t pmtu = qp->pmtu;
-  const uint64_t posted = qp->rq.tail - qp->rq.head;
-  RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
-  Cq *const cq = qp->recv_cq;
-  Completion c{0, WcStatus::success, WcOpcode::recv, false, false, 0, 0, qp->qpn, qp->dest_qpn, qp->dlid, stamp()};
-  // Straight into a poller's array while it has room (see DirectWc), then
-  // into the ring.
-  Wc *out = nullptr, *out_end = nullptr;
-  if (cq && direct.cq == cq && direct.n < direct.room && cq->idle()) {
-    out = direct.wc + direct.n;
-    out_end = direct.wc + direct.room;
-  }
-  const Wc wc0{0, uint32_t(WcStatus::success), uint32_t(WcOpcode::recv), 0, 0, 0, qp->qpn, qp->dest_qpn,
-               0, 0, qp->dlid, 0, 0};
+  const uint32_t pmtu = qp->attr.pmtu;
+  // (None posted: the general path sends the RNR NAK, check_resource.)
+  const size_t most = std::min<uint64_t>(n, qp->rq.tail - qp->rq.head);
+  RecvSink sink = recv_sink(*qp);
   const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
+  // The receives, walked by pointer and popped together.
+  const RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
   size_t k = 0;
-  for (; k < n && k < posted; k++) {   // (none posted: the general path sends the RNR NAK)
+  for (; k < most; k++) {
     const net::RxPacket &pkt = pkts[k];
     if (k + kRxAhead < n) {   // (a packet another core wrote: fetched ahead)
       const net::RxPacket &a = pkts[k + kRxAhead];
@@ -142,50 +182,25 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     if (wire::bth::tver(b) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
     const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = wire::bth::pad(b);
     if ((body & 3) || pad > body || wire::icrc::get(b + pkt.len - wire::kIcrcLen) != 0) break;
-    if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != epsn) break;
+    if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != qp->resp.epsn) break;
     const bool solicited = wire::bth::se(b), ack_req = wire::bth::ack_req(b);
     const uint32_t imm_be =
         imm ? wire::immdt::get_be(b + wire::info_of(Opcode::RC_SEND_ONLY_IMM).offset[wire::IMMDT]) : 0;
     const uint32_t len = body - pad;
-    if (len > pmtu || len > r->length) break;
-    // (A receive buffer unmapped: the general path fails it.)
-    if (!(r->wr.num_sge == 1 ? guard::copy(r->wr.sge[0].addr, b + hl, len) : scatter(*r, 0, b + hl, len)))
-      break;
-    if (out != out_end) {
-      Wc &w = *out++;
-      w = wc0;
-      w.wr_id = r->wr.wr_id;
-      w.byte_len = len;
-      w.imm_be = imm_be;
-      w.wc_flags = imm ? kWcWithImm : 0;
-    } else if (cq) {
-      c.wr_id = r->wr.wr_id;
-      c.with_imm = imm;
-      c.solicited = solicited;
-      c.byte_len = len;
-      c.imm_be = imm_be;
-      if (!cq->push(c)) [[unlikely]] cq_overflow_ = true;
-    }
-    epsn = psn_add(epsn, 1);
+    // check_length, check_resource's receive length; then execute
+    // (a receive buffer unmapped: the general path fails it), complete
+    // and acknowledge.
+    if (len > pmtu || len > r->length || !execute_send(*qp, *r, 0, b + hl, len)) break;
+    complete_send(*qp, sink, *r, true, imm, imm_be, solicited);
+    accept_request(*qp, true, ack_req);
     bytes += pkt.len;
-    ack |= ack_req;
-    last_len = len;
     if (++r == rq_end) r = rq_begin;
   }
   qp->rq.pop(static_cast<uint32_t>(k));
-  if (out) direct.n = static_cast<uint32_t>(out - direct.wc);
+  recv_sink_done(sink);
   if (!k) return 0;
   count(Counter::rx_packets, k);
   count(Counter::rx_bytes, bytes);
-  qp->recv_offset = last_len;
-  qp->in_send = true;
-  qp->msn = msn_add(qp->msn, static_cast<uint32_t>(k));
-  qp->epsn = epsn;
-  qp->nak_sent = false;
-  if (ack) {
-    if (!qp->ack_pending) ack_list_.push_back(qp);
-    qp->ack_pending = true;
-  }
   return k;
 }
 
@@ -197,8 +212,8 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
 void Engine::hold(Qp &qp, const PacketView &v) {
   const uint32_t psn = v.psn();
   if (!hold_max) return;
-  if (static_cast<uint32_t>(psn_diff(psn, qp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) {
-    qp.hold_missed = true;
+  if (static_cast<uint32_t>(psn_diff(psn, qp.resp.epsn)) > hold_max || v.p.payload_len > kHoldBytes) {
+    qp.resp.hold_missed = true;
     return;
   }
   if (held_.empty()) held_.resize(hold_max);   // (the first loss of the context)
@@ -211,7 +226,7 @@ void Engine::hold(Qp &qp, const PacketView &v) {
     if (!h.qp && !room) room = &h;
   }
   if (!room) {
-    qp.hold_missed = true;
+    qp.resp.hold_missed = true;
     return;
   }
   if (!room->data) room->data = std::make_unique_for_overwrite<uint8_t[]>(kHoldBytes);
@@ -219,7 +234,7 @@ void Engine::hold(Qp &qp, const PacketView &v) {
   room->v = v;
   room->v.p.payload = room->data.get();
   room->qp = &qp;
-  qp.held++;
+  qp.resp.held++;
   count(Counter::held);
 }
 
@@ -232,14 +247,14 @@ void Engine::hold(Qp &qp, const PacketView &v) {
 // from there, see Engine::sel_acked.)
 void Engine::drain_held(Qp &qp) {
   bool took = false;
-  for (bool again = true; again && qp.held;) {
+  for (bool again = true; again && qp.resp.held;) {
     again = false;
     for (Held &h : held_) {
       if (h.qp != &qp) continue;
-      const int32_t d = psn_diff(h.v.psn(), qp.epsn);
+      const int32_t d = psn_diff(h.v.psn(), qp.resp.epsn);
       if (d > 0) continue;
       h.qp = nullptr;   // (its copy stays valid: nothing is kept meanwhile)
-      qp.held--;
+      qp.resp.held--;
       if (d < 0) continue;
       if (qp.state == QpState::reset || qp.state == QpState::init || qp.state == QpState::err) {
         drop_held(qp);
@@ -249,186 +264,210 @@ void Engine::drain_held(Qp &qp) {
       took = again = true;
     }
   }
-  if (took && (qp.held || qp.hold_missed) && !qp.nak_sent) {
-    qp.nak_sent = true;
-    send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
-  }
-  if (!qp.held) qp.hold_missed = false;
+  if (took && (qp.resp.held || qp.resp.hold_missed)) respond_error(qp, RespErr::psn_seq, qp.resp.epsn);
+  if (!qp.resp.held) qp.resp.hold_missed = false;
 }
 
 void Engine::drop_held(Qp &qp) {
   for (Held &h : held_)
     if (h.qp == &qp) h.qp = nullptr;
-  qp.held = 0;
-  qp.hold_missed = false;
+  qp.resp.held = 0;
+  qp.resp.hold_missed = false;
 }
 
+// One request through the responder's steps (RespStep), as rxe's
+// rxe_responder(): each check or action returns the next one; every NAK
+// goes through respond_error, every ACK through schedule_ack.
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
-  const uint32_t psn = v.psn();
-  const int32_t d = psn_diff(psn, qp.epsn);
   const uint32_t mask = v.p.info->mask;
-  if (d < 0) {
-    // Duplicate (IBA 9.7.5.2.2): already executed; acknowledge again so a
-    // requester whose ACK was lost makes progress. READ and ATOMIC are
-    // answered from the saved request.
-    count(Counter::duplicates);
-    if (mask & wire::IS_READ) return read_request(qp, v, true);
-    if (mask & wire::IS_ATOMIC) return atomic_request(qp, v, true);
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
-    return;
-  }
-  if (d > 0) {
-    // PSN sequence error (IBA 9.7.5.2.3): NAK once, then take nothing
-    // until the expected PSN arrives. SEND and WRITE packets are kept for
-    // then (hold): the requester need resend only the lost ones.
-    if ((mask & (wire::IS_SEND | wire::IS_WRITE)) && v.opcode() != uint8_t(Opcode::USRC_WRITE_PLACED))
-      hold(qp, v);
-    if (!qp.nak_sent) {
-      qp.nak_sent = true;
-      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.epsn);
+  Request r{v,
+            v.psn(),
+            mask,
+            static_cast<uint32_t>(v.p.payload_len),
+            (mask & wire::IS_FIRST) != 0,
+            (mask & wire::IS_LAST) != 0,
+            (mask & wire::IS_SEND) != 0,
+            (mask & wire::IS_WRITE) != 0,
+            v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)};
+  RespStep step = RespStep::check_psn;
+  while (step != RespStep::done) {
+    switch (step) {
+      case RespStep::check_psn: step = check_psn(qp, r); break;
+      case RespStep::duplicate: step = duplicate(qp, r); break;
+      case RespStep::out_of_sequence: step = out_of_sequence(qp, r); break;
+      case RespStep::check_op_seq: step = check_op_seq(qp, r); break;
+      case RespStep::check_op_valid: step = check_op_valid(qp, r); break;
+      case RespStep::check_length: step = check_length(qp, r); break;
+      case RespStep::check_resource: step = check_resource(qp, r); break;
+      case RespStep::check_rkey: step = check_rkey(qp, r); break;
+      case RespStep::execute: step = execute(qp, r); break;
+      case RespStep::complete: step = complete(qp, r); break;
+      case RespStep::acknowledge: step = acknowledge(qp, r); break;
+      case RespStep::error:
+        respond_error(qp, r.err, r.psn);
+        step = RespStep::done;
+        break;
+      case RespStep::done: break;
     }
-    return;
   }
+}
 
-  const bool is_send = mask & wire::IS_SEND, is_write = mask & wire::IS_WRITE;
-  const bool first = mask & wire::IS_FIRST, last = mask & wire::IS_LAST;
-  const uint32_t len = static_cast<uint32_t>(v.p.payload_len);
+Engine::RespStep Engine::check_psn(Qp &qp, Request &r) {
+  const int32_t d = psn_diff(r.psn, qp.resp.epsn);
+  if (d < 0) return RespStep::duplicate;
+  if (d > 0) return RespStep::out_of_sequence;
+  return RespStep::check_op_seq;
+}
 
-  auto invalid = [&] {
-    // C9-...: an invalid request is NAKed and the responder's QP fails.
-    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.nak_sent = true;
-    set_state(qp, QpState::err);
-    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
-  };
+// Duplicate (IBA 9.7.5.2.2): already executed; acknowledged again so that
+// a requester whose ACK was lost makes progress. READ and ATOMIC are
+// answered from the saved request.
+Engine::RespStep Engine::duplicate(Qp &qp, Request &r) {
+  count(Counter::duplicates);
+  if (r.mask & wire::IS_READ) read_request(qp, r.v, true);
+  else if (r.mask & wire::IS_ATOMIC) atomic_request(qp, r.v, true);
+  else schedule_ack(qp);
+  return RespStep::done;
+}
 
-  if (v.opcode() == uint8_t(Opcode::USRC_WRITE_PLACED)) {
-    // The requester wrote the data into our memory itself, through the
-    // gate this QP opened (Engine::update_gate): take its PSN, acknowledge.
-    if (qp.in_msg) return invalid();
-    if (!qp.comm_est) {
-      qp.comm_est = true;
-      if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
-    }
-    qp.msn = msn_add(qp.msn, 1);
-    qp.epsn = psn_add(qp.epsn, 1);
-    qp.nak_sent = false;
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
-    return;
-  }
-  if (!is_send && !is_write) {   // READ or ATOMIC
-    // No responder resources (max_dest_rd_atomic 0): the QP takes no
-    // READ or ATOMIC at all.
-    if (qp.in_msg || qp.max_dest_rd_atomic == 0) return invalid();
-    qp.nak_sent = false;
-    if (mask & wire::IS_READ) return read_request(qp, v, false);
-    return atomic_request(qp, v, false);
-  }
-  // Opcode sequence (IBA 9.7.4.2.2): FIRST/ONLY start a message, MIDDLE/
-  // LAST continue one of the same kind.
-  if (first == qp.in_msg || (qp.in_msg && qp.in_send != is_send)) {
-    invalid();
-    return;
-  }
-  // Payload sizes (C9-...): FIRST and MIDDLE are exactly one PMTU.
-  if ((!last && len != qp.pmtu) || len > qp.pmtu || (last && !first && len == 0)) {
-    invalid();
-    return;
-  }
-  if (!qp.comm_est) {
-    qp.comm_est = true;
-    if (qp.state == QpState::rtr && hooks_) hooks_->qp_event(qp, QpEvent::comm_est);
-  }
+// PSN sequence error (class B): SEND and WRITE packets are kept for when
+// the expected PSN arrives (hold): the requester need resend only the
+// lost ones.
+Engine::RespStep Engine::out_of_sequence(Qp &qp, Request &r) {
+  if ((r.is_send || r.is_write) && !r.placed) hold(qp, r.v);
+  r.err = RespErr::psn_seq;
+  return RespStep::error;
+}
 
-  const bool imm = mask & wire::HAS_IMMDT;
-  const bool needs_rwqe = is_send || imm;
-  if (needs_rwqe && qp.rq.empty()) {
-    // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back.
-    send_ack(qp, wire::aeth_rnr_nak(qp.min_rnr_timer), psn);
-    qp.nak_sent = true;
-    return;
-  }
+// Opcode sequence (IBA 9.7.4.2.2, class C): FIRST/ONLY start a message,
+// MIDDLE/LAST continue one of the same kind; nothing else comes inside one.
+Engine::RespStep Engine::check_op_seq(Qp &qp, Request &r) {
+  const bool ok = (r.is_send || r.is_write) && !r.placed
+                      ? r.first != qp.resp.in_msg && (!qp.resp.in_msg || qp.resp.in_send == r.is_send)
+                      : !qp.resp.in_msg;
+  r.err = RespErr::inv_req;
+  return ok ? RespStep::check_op_valid : RespStep::error;
+}
 
-  if (is_send) {
-    if (first) qp.recv_offset = 0;
-    RecvWqe &r = qp.rq.front();
-    if (static_cast<uint64_t>(qp.recv_offset) + len > r.length) {
-      // Message longer than the receive buffer: the WQE completes with a
-      // local length error and the requester gets an invalid request NAK.
-      complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
-      invalid();
-      return;
-    }
-    if (!scatter(r, qp.recv_offset, v.p.payload, len)) {
-      // The receive buffer was unmapped: the WQE completes with a local
-      // protection error (which says it: no async event), the requester
-      // gets a remote operational error.
-      complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
-      send_ack(qp, wire::aeth_nak(wire::NAK_REMOTE_OP), psn);
-      qp.nak_sent = true;
-      set_state(qp, QpState::err);
-      return;
-    }
-    qp.recv_offset += len;
-  } else {
-    if (first) {
-      const wire::Reth &reth = v.p.h.reth;
-      qp.write_len = qp.write_left = reth.dma_len;
-      qp.write_va = reth.va;
-      qp.write_rkey = reth.rkey;
-    }
-    if (len > qp.write_left || (last && len != qp.write_left)) {
-      invalid();
-      return;
-    }
-    // Every packet resolves the rkey (a FIRST the whole message's range):
-    // the MR may have been deregistered since the one before (after
-    // ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
-    // C9-...: rkey, PD, bounds or access violation: NAK, nothing written.
-    if (qp.write_left) {
-      uint8_t *const to = (qp.access & kAccessRemoteWrite)
-                              ? mem_->resolve(qp.pd, qp.write_rkey, qp.write_va,
-                                              first ? qp.write_left : len, kAccessRemoteWrite)
-                              : nullptr;
-      if (!to || (len && !guard::copy(to, v.p.payload, len)))
-        return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
-    }
-    qp.write_va += len;
-    qp.write_left -= len;
-  }
+// What the QP can take at all (class C): READ and ATOMIC need responder
+// resources (max_dest_rd_atomic 0: none), an ATOMIC an aligned word.
+Engine::RespStep Engine::check_op_valid(Qp &qp, Request &r) {
+  if (r.is_send || r.is_write || r.placed) return RespStep::check_length;
+  if (qp.attr.max_dest_rd_atomic == 0) return RespStep::error;   // (inv_req)
+  if ((r.mask & wire::IS_ATOMIC) && r.v.p.h.atomic.va % 8) return RespStep::error;
+  return RespStep::execute;
+}
 
-  qp.in_msg = !last;
-  qp.in_send = is_send;
-  if (last) {
-    if (is_send)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv, qp.recv_offset, imm, v.p.h.imm_be,
-                    v.p.h.bth.se);
-    else if (imm)
-      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.write_len, true,
-                    v.p.h.imm_be, v.p.h.bth.se);
-    qp.msn = msn_add(qp.msn, 1);
+// Payload sizes (class C): FIRST and MIDDLE are exactly one PMTU, a LAST
+// after them not empty, nothing larger than the PMTU.
+Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
+  const uint32_t pmtu = qp.attr.pmtu;
+  if (!r.placed && ((!r.last && r.len != pmtu) || r.len > pmtu || (r.last && !r.first && r.len == 0)))
+    return RespStep::error;   // (inv_req)
+  note_first_request(qp);
+  return r.placed ? RespStep::complete : RespStep::check_resource;
+}
+
+// A SEND, or a WRITE with immediate data, takes a receive WQE: none posted
+// is RNR; a SEND longer than the receive buffer completes that WQE with a
+// local length error and is an invalid request (class C).
+Engine::RespStep Engine::check_resource(Qp &qp, Request &r) {
+  if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && qp.rq.empty()) {
+    r.err = RespErr::rnr;
+    return RespStep::error;
   }
-  qp.epsn = psn_add(qp.epsn, 1);
-  qp.nak_sent = false;
-  if (v.p.h.bth.ack_req) {
-    if (!qp.ack_pending) ack_list_.push_back(&qp);
-    qp.ack_pending = true;
+  if (!r.is_send) return RespStep::check_rkey;
+  if (r.first) qp.resp.recv_offset = 0;
+  if (static_cast<uint64_t>(qp.resp.recv_offset) + r.len > qp.rq.front().length) {
+    complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
+    return RespStep::error;   // (inv_req)
   }
+  return RespStep::execute;
+}
+
+// An RDMA WRITE's target: its FIRST (or ONLY) loads the RETH; every packet
+// stays within its length (class C, invalid request) and resolves the rkey
+// again (class C, remote access error: rkey, PD, bounds or access, nothing
+// written): the MR may have been deregistered since the packet before
+// (after ibv_dereg_mr returns nothing lands in it), or its pages unmapped.
+Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
+  RespState &s = qp.resp;
+  if (r.first) {
+    const wire::Reth &reth = r.v.p.h.reth;
+    s.write_len = s.write_left = reth.dma_len;
+    s.write_va = reth.va;
+    s.write_rkey = reth.rkey;
+  }
+  if (r.len > s.write_left || (r.last && r.len != s.write_left)) return RespStep::error;   // (inv_req)
+  if (!s.write_left) return RespStep::execute;
+  r.to = (qp.attr.access & kAccessRemoteWrite)
+             ? mem_->resolve(qp.pd, s.write_rkey, s.write_va, r.first ? s.write_left : r.len, kAccessRemoteWrite)
+             : nullptr;
+  r.err = RespErr::rem_access;
+  return r.to ? RespStep::execute : RespStep::error;
+}
+
+Engine::RespStep Engine::execute(Qp &qp, Request &r) {
+  if (r.is_send) {
+    if (execute_send(qp, qp.rq.front(), qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
+    // The receive buffer was unmapped: the WQE completes with a local
+    // protection error, the requester gets a remote operational error.
+    complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
+    r.err = RespErr::rem_op;
+    return RespStep::error;
+  }
+  if (r.is_write) {
+    if (r.len && !guard::copy(r.to, r.v.p.payload, r.len)) {
+      r.err = RespErr::rem_access;
+      return RespStep::error;
+    }
+    qp.resp.write_va += r.len;
+    qp.resp.write_left -= r.len;
+    return RespStep::complete;
+  }
+  // READ or ATOMIC: executed and answered at once (their responses take
+  // the PSNs and carry the ACK).
+  qp.resp.nak_sent = false;
+  if (r.mask & wire::IS_READ) read_request(qp, r.v, false);
+  else atomic_request(qp, r.v, false);
+  return RespStep::done;
+}
+
+// A message's last packet completes its receive WQE: a SEND's, or the one
+// a WRITE with immediate data consumes. (A placed WRITE's notice: the
+// requester wrote the data into our memory itself, through the gate this
+// QP opened, Engine::update_gate; it completes nothing here.)
+Engine::RespStep Engine::complete(Qp &qp, Request &r) {
+  const wire::Headers &h = r.v.p.h;
+  if (r.is_send) {
+    RecvSink none;
+    complete_send(qp, none, qp.rq.front(), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
+    if (r.last) qp.rq.pop();
+  } else if (!r.placed) {
+    qp.resp.in_msg = !r.last;
+    qp.resp.in_send = false;
+    if (r.last && (r.mask & wire::HAS_IMMDT))
+      complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, qp.resp.write_len, true, h.imm_be,
+                    h.bth.se);
+  }
+  return RespStep::acknowledge;
+}
+
+// Taken: the expected PSN moves on; an ACK if the packet asks for one (a
+// placed WRITE's notice always does: its WQE waits for it).
+Engine::RespStep Engine::acknowledge(Qp &qp, Request &r) {
+  accept_request(qp, r.last || r.placed, r.v.p.h.bth.ack_req || r.placed);
+  return RespStep::done;
 }
 
 void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len) {
-  uint32_t n = len == 0 ? 1 : (len + qp.pmtu - 1) / qp.pmtu;
+  uint32_t n = len == 0 ? 1 : (len + qp.attr.pmtu - 1) / qp.attr.pmtu;
   for (uint32_t k = 0; k < n; k++) {
-    uint32_t off = k * qp.pmtu, l = std::min(qp.pmtu, len - off);
+    uint32_t off = k * qp.attr.pmtu, l = std::min(qp.attr.pmtu, len - off);
     bool first = k == 0, last = k + 1 == n;
-    wire::Headers h;
-    h.bth.opcode = static_cast<uint8_t>(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]);
-    h.bth.pkey = 0xffff;
-    h.bth.dest_qp = qp.dest_qpn;
-    h.bth.psn = psn_add(psn, k);
-    h.aeth = {wire::aeth_ack(), qp.msn};
+    const wire::Headers h =
+        response_headers(qp, uint8_t(wr_info(WrOpcode::rdma_read).response[wire::position(first, last)]),
+                         psn_add(psn, k), wire::aeth_ack());
     TxSlot &s = tx_slot();
     size_t hl = wire::build_headers(h, l, s.hdr);
     size_t pieces = 0;
@@ -438,12 +477,7 @@ void Engine::send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint
 }
 
 void Engine::send_atomic_ack(Qp &qp, uint32_t psn, uint64_t orig) {
-  wire::Headers h;
-  h.bth.opcode = static_cast<uint8_t>(Opcode::RC_ATOMIC_ACKNOWLEDGE);
-  h.bth.pkey = 0xffff;
-  h.bth.dest_qp = qp.dest_qpn;
-  h.bth.psn = psn;
-  h.aeth = {wire::aeth_ack(), qp.msn};
+  wire::Headers h = response_headers(qp, uint8_t(Opcode::RC_ATOMIC_ACKNOWLEDGE), psn, wire::aeth_ack());
   h.atomic_ack = orig;
   TxSlot &s = tx_slot();
   tx_commit(qp, wire::build_headers(h, 0, s.hdr), 0, 0);
@@ -460,30 +494,30 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     // A resumed READ may reach past the expected PSN (it also asks for a
     // piece whose own request was lost): the expected PSN then moves to
     // its end, as for a new request.
-    uint8_t *p = r.dma_len && (qp.access & kAccessRemoteRead)
+    uint8_t *p = r.dma_len && (qp.attr.access & kAccessRemoteRead)
                      ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     if (r.dma_len && (!p || !guard::readable(p, r.dma_len))) return;
-    uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu);
-    if (psn_lt(qp.epsn, end)) {
-      qp.epsn = end;
-      qp.msn = msn_add(qp.msn, 1);
-      qp.nak_sent = false;
+    uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu);
+    if (psn_lt(qp.resp.epsn, end)) {
+      qp.resp.epsn = end;
+      qp.resp.msn = msn_add(qp.resp.msn, 1);
+      qp.resp.nak_sent = false;
     }
     send_read_responses(qp, psn, p, r.dma_len);
     return;
   }
   uint8_t *p = nullptr;
   if (r.dma_len) {
-    p = (qp.access & kAccessRemoteRead)
+    p = (qp.attr.access & kAccessRemoteRead)
             ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     // (Its pages mapped, looked at now; unmapped later, the NIC's guarded
     // copy drops the response and the resent READ finds them gone.)
     if (!p || !guard::readable(p, r.dma_len))
-      return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
+      return respond_error(qp, RespErr::rem_access, psn);
   }
-  uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.pmtu - 1) / qp.pmtu;
-  qp.epsn = psn_add(qp.epsn, n);
-  qp.msn = msn_add(qp.msn, 1);
+  uint32_t n = r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu;
+  qp.resp.epsn = psn_add(qp.resp.epsn, n);
+  qp.resp.msn = msn_add(qp.resp.msn, 1);
   send_read_responses(qp, psn, p, r.dma_len);
 }
 
@@ -494,19 +528,12 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
 void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   const uint32_t psn = v.psn();
   if (duplicate) {
-    for (const Qp::AtomicRes &e : qp.res)
+    for (const RespState::AtomicRes &e : qp.resp.res)
       if (e.valid && e.psn == psn) return send_atomic_ack(qp, psn, e.orig);
     return;
   }
   const wire::AtomicEth &a = v.p.h.atomic;
-  if (a.va % 8) {
-    send_ack(qp, wire::aeth_nak(wire::NAK_INVALID_REQUEST), psn);
-    qp.nak_sent = true;
-    set_state(qp, QpState::err);
-    if (hooks_) hooks_->qp_event(qp, QpEvent::req_err);
-    return;
-  }
-  uint8_t *p = (qp.access & kAccessRemoteAtomic)
+  uint8_t *p = (qp.attr.access & kAccessRemoteAtomic)
                    ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
   auto *word = reinterpret_cast<uint64_t *>(p);
   uint64_t orig = 0;
@@ -519,11 +546,11 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
           orig = __atomic_fetch_add(word, a.swap_add, __ATOMIC_SEQ_CST);
         }
       }))
-    return nak_fail(qp, wire::NAK_REMOTE_ACCESS, psn, QpEvent::access_err);
+    return respond_error(qp, RespErr::rem_access, psn);
   // The last max_dest_rd_atomic results are kept (responder resources).
-  qp.res[qp.res_next++ % qp.max_dest_rd_atomic] = {true, psn, orig};
-  qp.epsn = psn_add(qp.epsn, 1);
-  qp.msn = msn_add(qp.msn, 1);
+  qp.resp.res[qp.resp.res_next++ % qp.attr.max_dest_rd_atomic] = {true, psn, orig};
+  qp.resp.epsn = psn_add(qp.resp.epsn, 1);
+  qp.resp.msn = msn_add(qp.resp.msn, 1);
   send_atomic_ack(qp, psn, orig);
 }
 

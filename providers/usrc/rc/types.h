@@ -15,8 +15,8 @@ constexpr uint32_t kMaxInline = 256;     // bytes of inline data per send WR
 constexpr uint32_t kMaxWr = 16384;       // per queue
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 constexpr uint64_t kMinRtoNs = 2'000'000;    // the adaptive retransmission timeout's floor
-constexpr uint64_t kMinProbeNs = 200'000;    // the probe's (Qp::probed)
-constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (Qp::cwnd)
+constexpr uint64_t kMinProbeNs = 200'000;    // the probe's (CompState::probed)
+constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (ReqState::cwnd)
 // Packets in flight after a loss that later packets revealed (a NAK): a
 // random loss of 1% would otherwise hold the window near 14 packets, where
 // go-back-N stalls more than it resends; 32 still lets some hundred QPs
@@ -59,6 +59,24 @@ struct Sge {
   uint8_t *addr;
   uint32_t length;
 };
+
+// The pieces of bytes [off, off + len) of a scatter/gather list, in order:
+// f(address, length) for each, until f returns false (then false).
+template <class F>
+inline bool for_each_piece(const Sge *sge, uint32_t num_sge, uint32_t off, uint32_t len, F f) {
+  for (uint32_t i = 0; i < num_sge && len; i++) {
+    const Sge &g = sge[i];
+    if (off >= g.length) {
+      off -= g.length;
+      continue;
+    }
+    const uint32_t n = g.length - off < len ? g.length - off : len;
+    if (!f(g.addr + off, n)) return false;
+    len -= n;
+    off = 0;
+  }
+  return true;
+}
 
 struct SendWr {
   uint64_t wr_id = 0;

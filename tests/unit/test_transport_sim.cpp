@@ -1703,6 +1703,6 @@ TEST_CASE("a responder descheduled for milliseconds is not taken for a lossy one
   // timer) costs a probe and a timer resend at least.
   CHECK(n(Counter::probes) + n(Counter::rto_resends) <= 4);
   CHECK(n(Counter::timeouts) == 0);
-  CHECK(n(Counter::retransmits) * 100 <= n(Counter::tx_packets));
+  CHECK(n(Counter::retransmits) * 50 <= n(Counter::tx_packets));   // (the first stall's; before: 10%)
   CHECK(rx[1024 * size_t(kN) - 1] == 0x5a);
 }

@@ -1751,3 +1751,54 @@ TEST_CASE("requests received in one pass get one ACK, for the last of them", "[s
     CHECK(!q.resp.ack_pending);
   }
 }
+
+TEST_CASE("a responder descheduled for milliseconds is not taken for a lossy one", "[sim]") {
+  // b's engine stops for 5 ms in every 8 (its process off the CPU on a busy
+  // host) while a streams 1 KB SENDs to it, with no loss. The first stall
+  // looks like a loss to a (a probe and a timer resend); b answers the
+  // resent packets as duplicates, a sees an ACK that moves nothing, and
+  // from then on its probe and timer allow for such a silence: the later
+  // stalls resend nothing.
+  Pair p(31);
+  p.a.qp->attr.timeout = 14;   // Local ACK Timeout 67 ms (perftest's), beyond the stalls
+  constexpr uint64_t kMs = 1'000'000;
+  constexpr int kN = 4000;
+  std::vector<uint8_t> tx(1024, 0x5a), rx(kN * 1024);
+  for (int i = 0; i < kN; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 1024 * size_t(i), 1024, i)) == 0);
+  int posted = 0;
+  size_t sent_ok = 0, rcvd = 0;
+  int stalls = 0;
+  const uint64_t t0 = p.net.now();
+  for (int iter = 0; iter < 50'000'000 && rcvd < size_t(kN); iter++) {
+    // (One message every 20 us: 80 ms of stream, ten stalls.)
+    while (posted < kN && p.a.qp->send_room() > 0 && uint64_t(posted) * 20'000 <= p.net.now() - t0)
+      REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 1024, posted++)) == 0);
+    p.a.e->progress();
+    const uint64_t phase = (p.net.now() - t0) % (8 * kMs);
+    const bool stalled = phase >= 3 * kMs;
+    if (!stalled) p.b.e->progress();
+    for (const Completion &c : drain(p.a.scq)) sent_ok += c.status == WcStatus::success;
+    rcvd += drain(p.b.rcq).size();
+    uint64_t next = std::min({p.net.next_delivery(), p.a.e->next_deadline(), p.b.e->next_deadline(),
+                              p.net.now() + 20'000});
+    if (stalled)   // (b asleep: a's timers, a's next post, or b's return)
+      next = std::min({p.a.e->next_deadline(), p.net.now() + 20'000,
+                       t0 + (p.net.now() - t0) / (8 * kMs) * 8 * kMs + 8 * kMs});
+    if (next > p.net.now()) p.net.advance(next - p.net.now());
+    else p.net.advance(100);
+  }
+  stalls = int((p.net.now() - t0) / (8 * kMs));
+  REQUIRE(rcvd == size_t(kN));
+  const auto n = [&](Counter c) { return p.a.e->counters[uint32_t(c)]; };
+  INFO(stalls << " stalls; probes " << n(Counter::probes) << ", timer resends " << n(Counter::rto_resends)
+              << ", spurious " << n(Counter::spurious_resends) << ", resent " << n(Counter::retransmits)
+              << " of " << n(Counter::tx_packets));
+  REQUIRE(stalls >= 8);
+  CHECK(n(Counter::spurious_resends) >= 1);
+  // Without the learning, every stall (5 ms, beyond the 2 ms floor of the
+  // timer) costs a probe and a timer resend at least.
+  CHECK(n(Counter::probes) + n(Counter::rto_resends) <= 4);
+  CHECK(n(Counter::timeouts) == 0);
+  CHECK(n(Counter::retransmits) * 50 <= n(Counter::tx_packets));   // (the first stall's; before: 10%)
+  CHECK(rx[1024 * size_t(kN) - 1] == 0x5a);
+}

@@ -31,21 +31,12 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-tool() {   # the build tree's binary, else PATH
-  local b=$HERE/build/tools/$1/$1
-  if [ -x "$b" ]; then echo "$b"; else command -v "$1"; fi
-}
+. "$(dirname "$0")/bench-lib.sh"
 USRC=${USRC:-$(tool usrc)} UDPBLAST=$(tool udpblast) OFIBLAST=$(tool ofiblast)
 [ -n "$USRC" ] && [ -n "$UDPBLAST" ] ||
   { echo "bench: need usrc and udpblast: build the tree (cmake --build build) or install usrc" >&2; exit 2; }
-missing=
-for t in ib_send_bw:perftest qperf:qperf fi_pingpong:libfabric-bin gnuplot:gnuplot-nox \
-         stress-ng:stress-ng nft:nftables ip:iproute2 ss:iproute2; do
-  command -v "${t%%:*}" >/dev/null || missing="$missing ${t#*:}"
-done
-[ -z "$missing" ] || { echo "bench: missing Debian packages:$missing (tools/deps.sh installs them)" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "bench: needs root (network namespaces, usrc devices)" >&2; exit 2; }
+need_debs ib_send_bw:perftest qperf:qperf fi_pingpong:libfabric-bin gnuplot:gnuplot-nox \
+          stress-ng:stress-ng nft:nftables ip:iproute2 ss:iproute2
 if [ -n "$QUICK" ]; then RUNS=${RUNS:-2} SECS=1 LATN=2000; else RUNS=${RUNS:-5} SECS=2 LATN=10000; fi
 
 OUT=${OUT:-/tmp/usrc-bench-net.$(date +%Y%m%d-%H%M%S)}

@@ -25,21 +25,12 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-HERE=$(cd "$(dirname "$0")/.." && pwd)
-tool() {   # the build tree's binary, else PATH
-  local b=$HERE/build/tools/$1/$1
-  if [ -x "$b" ]; then echo "$b"; else command -v "$1"; fi
-}
+. "$(dirname "$0")/bench-lib.sh"
 USRC=${USRC:-$(tool usrc)} UDPBLAST=$(tool udpblast) QPIDLE=$(tool qpidle)
 [ -n "$USRC" ] && [ -n "$UDPBLAST" ] && [ -n "$QPIDLE" ] ||
   { echo "bench: need usrc, udpblast and qpidle: build the tree (cmake --build build) or install usrc" >&2; exit 2; }
-missing=
-for t in ib_send_bw:perftest sockperf:sockperf fi_pingpong:libfabric-bin gnuplot:gnuplot-nox \
-         /usr/bin/time:time nft:nftables ip:iproute2 ss:iproute2; do
-  command -v "${t%%:*}" >/dev/null || missing="$missing ${t#*:}"
-done
-[ -z "$missing" ] || { echo "bench: missing Debian packages:$missing (tools/deps.sh installs them)" >&2; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "bench: needs root (creates a usrc device and a network namespace)" >&2; exit 2; }
+need_debs ib_send_bw:perftest sockperf:sockperf fi_pingpong:libfabric-bin gnuplot:gnuplot-nox \
+          /usr/bin/time:time nft:nftables ip:iproute2 ss:iproute2
 
 OUT=${OUT:-/tmp/usrc-bench.$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)

@@ -55,8 +55,9 @@ void Context::progress_loop() {
   while (!stop_) {
     uint64_t now = now_ns();
     const uint64_t app = app_polled_.load(std::memory_order_relaxed);
-    ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, app)
-                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd));
+    const uint64_t calls = app_calls_.load(std::memory_order_relaxed);
+    ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, calls)
+                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd), calls);
     nic_woke = false;
     const bool watch = d.what == ProgressPolicy::Do::sleep;
     if (watch) {
@@ -123,6 +124,7 @@ bool Context::nic_ready(int fd) {
 }
 
 void Context::kick() {
+  note_call();   // (after every post)
   // Every caller armed its timers under the engine lock and has released
   // it since: the progress thread either read them under that lock too or
   // stored its sleep_until_ before we took the lock. (While the application
@@ -139,6 +141,7 @@ void Context::found_completions() {
     try_progress();
     return;
   }
+  note_call();
   app_polled_.store(now_ns(), std::memory_order_relaxed);
 }
 
@@ -157,7 +160,7 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   // (A load and a store, not an exchange: several threads polling may
   // lose one another's time, which only needs to be recent.)
   const uint64_t prev = polling ? app_polled_.load(std::memory_order_relaxed) : 0;
-  if (polling) app_polled_.store(now, std::memory_order_relaxed);
+  if (polling) app_polled_.store(now, std::memory_order_relaxed), note_call();
   if (!engine_->mu.try_lock()) return 0;
   // ACKs may wait for the application's next call only while it polls in a
   // loop: the progress thread then looks in within USRC_APP_QUIET_US and

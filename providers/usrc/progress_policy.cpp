@@ -4,18 +4,21 @@
 
 namespace usrc {
 
-ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled, bool nic_ready) {
+ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled, bool nic_ready,
+                                              uint64_t app_calls) {
   if (!app_active(now, app_polled)) {
     looks_active_ = 0, hands_ = 0, woke_ = 0, nic_off_until_ = 0;
     return {Do::take_engine};
   }
   if (woke_) {
     // Packets arrived kHandNs ago while the application was polling. Still
-    // there: it is not receiving them (a passive RDMA target spinning on
-    // its memory between polls of its send CQ, waiting for a WRITE that
-    // only a progress pass places): the thread takes them now, not when
-    // the quiet time runs out.
-    if (nic_ready) {
+    // there and the application has made no call since: it is not
+    // receiving them (a passive RDMA target spinning on its memory between
+    // polls of its send CQ, waiting for a WRITE that only a progress pass
+    // places): the thread takes them now, not when the quiet time runs
+    // out. (Still there but it called in: a stream it keeps receiving, or
+    // posts that keep it from its next poll a while.)
+    if (nic_ready && app_calls == calls_at_wake_) {
       woke_ = 0, looks_active_ = 0, hands_ = 0;
       return {Do::take_engine};
     }
@@ -41,12 +44,9 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
   return {Do::sleep, until, true};   // (until > now: busy_until is)
 }
 
-ProgressPolicy::Decision ProgressPolicy::nic_woke(uint64_t now, uint64_t app_polled) {
-  if (app_polled + kHandNs / 4 <= now) {   // (app_polled may be later than now)
-    looks_active_ = 0, hands_ = 0;
-    return {Do::take_engine};
-  }
+ProgressPolicy::Decision ProgressPolicy::nic_woke(uint64_t now, uint64_t app_calls) {
   woke_ = now;
+  calls_at_wake_ = app_calls;
   return {Do::sleep, now + kHandNs, false};
 }
 

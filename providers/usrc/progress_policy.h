@@ -46,9 +46,7 @@ class ProgressPolicy {
   // Port events while spinning: looked for this often.
   static constexpr uint64_t kNetlinkEveryNs = 1'000'000;
   // Packets arrived while the application polls: it is given this long to
-  // take them, else the thread does. An application whose last poll is
-  // older than a quarter of it at the arrival is not polling now: the
-  // thread takes them at once.
+  // take them, else the thread does.
   static constexpr uint64_t kHandNs = 10'000;
   // More than this many arrivals in a row taken by the application (a
   // stream) keep the thread off the NIC for kHandNs, doubled each time up
@@ -69,14 +67,14 @@ class ProgressPolicy {
   // sleep until it may have gone quiet, on the NIC as well (packets wake the
   // thread: nic_woke) unless a stream of them showed the application
   // receiving. nic_ready: packets wait on the NIC; read only when
-  // nic_check() (a system call).
-  Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false);
+  // nic_check() (a system call). app_calls: the application's verbs calls
+  // so far (polls and posts), a count that only grows.
+  Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false, uint64_t app_calls = 0);
   bool nic_check() const { return woke_ != 0; }
 
-  // A sleep from next() ended because packets arrived (the NIC's fd). An
-  // application not polling right now leaves them to the thread at once;
-  // one polling gets kHandNs to take them (the next next() looks).
-  Decision nic_woke(uint64_t now, uint64_t app_polled);
+  // A sleep from next() ended because packets arrived (the NIC's fd): the
+  // application gets kHandNs to take them (the next next() looks).
+  Decision nic_woke(uint64_t now, uint64_t app_calls);
 
   // After a progress pass at now: received packets, the engine's next
   // timer, whether the NIC holds received packets its fd does not show.
@@ -94,6 +92,7 @@ class ProgressPolicy {
   Config cfg_;
   uint32_t looks_active_ = 0;
   uint64_t woke_ = 0;            // when packets woke the thread (0: they did not)
+  uint64_t calls_at_wake_ = 0;   // the application's calls then
   uint64_t nic_off_until_ = 0;   // off the NIC until then
   uint32_t hands_ = 0;           // looks in a row that found the application taking them
   uint64_t last_hand_ = 0;       // ... the last of them

@@ -171,6 +171,10 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> sleep_until_{0};   // the progress thread's wake time
   std::atomic<uint64_t> app_polled_{0};    // when the application last polled
+  // The application's polls and posts so far (ProgressPolicy::next): one
+  // writer at a time mostly, so a load and a store, not an atomic add.
+  std::atomic<uint64_t> app_calls_{0};
+  void note_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
   int wake_fd_ = -1;                        // eventfd
   net::Rtnl nl_;                            // rtnetlink: the netdev's link and addresses

@@ -104,8 +104,10 @@ struct Model {
     for (int guard = 0; now < end; guard++) {
       REQUIRE(guard < 10'000'000);
       app_receives();
+      // (The application's calls: its last poll's time serves as the count,
+      // which moves while it polls.)
       ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, app_polled())
-                                            : policy.next(now, app_polled(), next_arrival() <= now);
+                                            : policy.next(now, app_polled(), next_arrival() <= now, app_polled());
       nic_woke = false;
       const bool watching = d.what == Do::sleep;
       if (watching) {

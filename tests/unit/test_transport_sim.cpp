@@ -1555,7 +1555,7 @@ TEST_CASE("the progress thread's policy hands a stopped poller's engine over wit
       }
       while (!asleep) {
         ProgressPolicy::Decision d = nic_woke ? pol.nic_woke(now, app_polled)
-                                              : pol.next(now, app_polled, p.net.next_delivery() <= now);
+                                              : pol.next(now, app_polled, p.net.next_delivery() <= now, app_polled);
         nic_woke = false;
         watching = d.what == ProgressPolicy::Do::sleep;
         if (d.what != ProgressPolicy::Do::sleep) {

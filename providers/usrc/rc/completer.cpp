@@ -80,28 +80,20 @@ uint64_t Engine::rto_ns(const Qp &qp, uint64_t now) const {
 void Engine::note_resend(Qp &qp, uint64_t now) {
   if (qp.comp.resent_at) return;
   qp.comp.resent_at = now;
-  qp.comp.resend_high = qp.req.tx_high;
   qp.comp.cwnd_before = qp.req.cwnd;
   qp.comp.ssthresh_before = qp.req.ssthresh;
 }
 
 // The peer answered a resend as a duplicate (an ACK that moves nothing,
-// right after una moved up to what was in flight at the resend): it had the
-// packets. If it also answered nothing for a while after the resend, it was
-// slow (descheduled), not lossy: the window goes back to what it was, and
-// the probe and the retransmission timer allow for such a silence from now
-// on. (One that answered a round trip after the resend lost an ACK: the
-// timers were right.)
+// right after una moved past what was resent): the silence before was a
+// slow peer, not a loss. The window goes back to what it was, and the probe
+// and the retransmission timer allow for such a silence from now on.
 void Engine::spurious_resend(Qp &qp) {
   count(Counter::spurious_resends);
   const uint64_t now = stamp();
-  const uint64_t silence = qp.comp.silence;
-  qp.comp.silence = 0;
-  // (Silences shorter than the timer's floor are a busy peer's queue, not
-  // a descheduled one: the timers' own arithmetic covers them.)
-  if (!qp.comp.late || silence < kMinRtoNs) return;
-  qp.comp.stall = std::max(stall_ns(qp, now), silence);
+  qp.comp.stall = std::max(stall_ns(qp, now), qp.comp.silence);
   qp.comp.stall_at = now;
+  qp.comp.silence = 0;
   qp.req.cwnd = std::max(qp.req.cwnd, qp.comp.cwnd_before);
   qp.req.ssthresh = std::max(qp.req.ssthresh, qp.comp.ssthresh_before);
   if (qp.comp.una_psn != qp.req.tx_high) arm_retransmit(qp);
@@ -198,14 +190,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     const uint64_t t = stamp();
     if (qp.comp.resent_at) {
       qp.comp.silence = qp.comp.progress_at && t > qp.comp.progress_at ? t - qp.comp.progress_at : 0;
-      // Late: not the answer to the resend (that comes a round trip after
-      // it: a lost ACK's case), but a peer that answered nothing meanwhile.
-      qp.comp.late = t - qp.comp.resent_at > std::max(2 * qp.comp.srtt, kMinProbeNs);
       qp.comp.resent_at = 0;
-    } else if (psn_lt(qp.comp.resend_high, new_una)) {
-      // Past what was in flight at the resend: an ACK that moves nothing
-      // now answers something else (packets kept beyond a new gap).
-      qp.comp.silence = 0;
     }
     qp.comp.progress_at = t;
     if (qp.req.sel.on) sel_acked(qp);

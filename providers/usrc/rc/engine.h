@@ -275,14 +275,13 @@ class Engine {
   // packet counts in the MSN, the NAK-once flag clears, an ACK is due if
   // asked for (acknowledge's state change; fast_sends' for each packet).
   [[gnu::always_inline]] void accept_request(Qp &qp, bool last, bool ack_req) {
-    if (qp.resp.dup_pending) [[unlikely]] flush_dup_ack(qp);
     if (last) qp.resp.msn = msn_add(qp.resp.msn, 1);
     qp.resp.epsn = psn_add(qp.resp.epsn, 1);
     qp.resp.nak_sent = false;
+    qp.resp.dup_pending = false;
     if (ack_req) schedule_ack(qp);
   }
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
-  void flush_dup_ack(Qp &qp);
   bool ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn);
   void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);

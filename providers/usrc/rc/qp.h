@@ -175,8 +175,6 @@ struct CompState {
   // silence (kept kStallMemoryNs from stall_at) and the probe and the
   // retransmission timer wait at least that long from then on.
   uint64_t resent_at = 0, progress_at = 0, silence = 0, stall = 0, stall_at = 0;
-  bool late = false;   // that progress came more than a round trip after the resend
-  uint32_t resend_high = 0;   // tx_high at the resend
   uint32_t cwnd_before = 0, ssthresh_before = 0;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap

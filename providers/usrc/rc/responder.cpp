@@ -349,15 +349,6 @@ Engine::RespStep Engine::duplicate(Qp &qp, Request &r) {
   return RespStep::done;
 }
 
-// A new request after a run of duplicates: their ACK goes now, before this
-// one's moves the PSN on (the requester must see one that moves nothing).
-void Engine::flush_dup_ack(Qp &qp) {
-  qp.resp.dup_pending = false;
-  if (!qp.resp.ack_pending) return;
-  send_ack(qp, wire::aeth_ack(), psn_add(qp.resp.epsn, kPsnMask));
-  qp.resp.ack_pending = false;
-}
-
 // PSN sequence error (class B): SEND and WRITE packets are kept for when
 // the expected PSN arrives (hold): the requester need resend only the
 // lost ones.

@@ -109,8 +109,7 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them") \
   X(held, "request packets received beyond a gap, kept and taken in order once it was filled") \
   X(selective_resends, "sequence NAKs answered by resending the lost packet alone") \
-  X(probes, "oldest unacknowledged packets resent alone after a short silence") \
-  X(spurious_resends, "probes and timer resends the peer showed were not needed (it was slow, not lossy)")
+  X(probes, "oldest unacknowledged packets resent alone after a short silence")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

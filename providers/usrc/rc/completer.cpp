@@ -53,50 +53,14 @@ void Engine::arm_retransmit(Qp &qp) {
   qp.comp.ack_deadline = now + t;
   arm_timer(qp.comp.ack_deadline);
   if (!qp.comp.srtt) return;
-  uint64_t rto = rto_ns(qp, now);
-  const uint64_t pto = std::max({2 * qp.comp.srtt, kMinProbeNs, stall_ns(qp, now) + qp.comp.srtt});
+  uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+  const uint64_t pto = std::max(2 * qp.comp.srtt, kMinProbeNs);
   qp.comp.probe_armed = pto < rto && probe_ok(qp);
   if (qp.comp.probe_armed) rto = pto;
   if (rto < t) {
     qp.comp.rto_deadline = now + rto;
     arm_timer(qp.comp.rto_deadline);
   }
-}
-
-// The silence a slow peer showed lately (CompState::stall), 0 if none.
-uint64_t Engine::stall_ns(const Qp &qp, uint64_t now) const {
-  return now - qp.comp.stall_at < kStallMemoryNs ? qp.comp.stall : 0;
-}
-
-// The retransmission timeout: srtt + 4 rttvar (RFC 6298), at least
-// kMinRtoNs and twice a slow peer's silence, doubled on each expiry.
-uint64_t Engine::rto_ns(const Qp &qp, uint64_t now) const {
-  return std::max({qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs, 2 * stall_ns(qp, now)})
-         << qp.comp.rto_backoff;
-}
-
-// A probe or timer resend about to go: the first since una moved notes the
-// time and the window, for spurious_resend to go back to.
-void Engine::note_resend(Qp &qp, uint64_t now) {
-  if (qp.comp.resent_at) return;
-  qp.comp.resent_at = now;
-  qp.comp.cwnd_before = qp.req.cwnd;
-  qp.comp.ssthresh_before = qp.req.ssthresh;
-}
-
-// The peer answered a resend as a duplicate (an ACK that moves nothing,
-// right after una moved past what was resent): the silence before was a
-// slow peer, not a loss. The window goes back to what it was, and the probe
-// and the retransmission timer allow for such a silence from now on.
-void Engine::spurious_resend(Qp &qp) {
-  count(Counter::spurious_resends);
-  const uint64_t now = stamp();
-  qp.comp.stall = std::max(stall_ns(qp, now), qp.comp.silence);
-  qp.comp.stall_at = now;
-  qp.comp.silence = 0;
-  qp.req.cwnd = std::max(qp.req.cwnd, qp.comp.cwnd_before);
-  qp.req.ssthresh = std::max(qp.req.ssthresh, qp.comp.ssthresh_before);
-  if (qp.comp.una_psn != qp.req.tx_high) arm_retransmit(qp);
 }
 
 // Drained: every WQE started before SQD has completed and none is half
@@ -187,12 +151,6 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     }
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
     qp.comp.una_psn = new_una;
-    const uint64_t t = stamp();
-    if (qp.comp.resent_at) {
-      qp.comp.silence = qp.comp.progress_at && t > qp.comp.progress_at ? t - qp.comp.progress_at : 0;
-      qp.comp.resent_at = 0;
-    }
-    qp.comp.progress_at = t;
     if (qp.req.sel.on) sel_acked(qp);
     advanced(qp);
   }
@@ -311,10 +269,7 @@ bool Engine::use_retry(Qp &qp) {
 // window it opens is used at once.
 [[gnu::always_inline]] inline void Engine::ack_rcvd(Qp &qp, uint32_t psn) {
   count(Counter::acks_rcvd);
-  // (An ACK of exactly what una says, after a resend's progress: the
-  // peer's answer to a duplicate.)
-  if (!ack_through(qp, psn) && qp.comp.silence && psn_add(psn, 1) == qp.comp.una_psn) [[unlikely]]
-    spurious_resend(qp);
+  ack_through(qp, psn);
   requester_tx(qp);
 }
 
@@ -436,7 +391,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // The receiver has not even taken what we sent (its ring is full,
       // the NIC holds the rest): slow, not lossy. Resending would only
       // queue copies behind the originals; the Local ACK Timeout still runs.
-      const uint64_t rto = rto_ns(qp, now);
+      const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
       if (now + rto < qp.comp.ack_deadline) {
         qp.comp.rto_deadline = now + rto;
         arm_timer(qp.comp.rto_deadline);
@@ -451,13 +406,11 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // timer runs from here.
       qp.comp.probe_armed = false;
       qp.comp.probed = true;
-      note_resend(qp, now);
       if (resend_one(qp, qp.comp.una_psn, true)) count(Counter::probes);
     } else {
       // The retransmission timer: resend from una; the Local ACK Timeout
       // keeps running and still decides retry_cnt.
       count(Counter::rto_resends);
-      note_resend(qp, now);
       // A first expiry is a loss like a NAK's; one more without progress in
       // between is trouble that persists (an overflowing receiver whose
       // losses no later packet reveals): the window goes down to the minimum.
@@ -466,7 +419,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       requester_tx(qp);
       if (qp.comp.rto_backoff < 30) qp.comp.rto_backoff++;
     }
-    const uint64_t rto = rto_ns(qp, now);
+    const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
     if (now + rto < qp.comp.ack_deadline) {
       qp.comp.rto_deadline = now + rto;
       arm_timer(qp.comp.rto_deadline);

@@ -253,10 +253,6 @@ class Engine {
   RespStep complete(Qp &qp, Request &r);
   RespStep acknowledge(Qp &qp, Request &r);
   void respond_error(Qp &qp, RespErr err, uint32_t psn);
-  uint64_t stall_ns(const Qp &qp, uint64_t now) const;
-  uint64_t rto_ns(const Qp &qp, uint64_t now) const;
-  void note_resend(Qp &qp, uint64_t now);
-  void spurious_resend(Qp &qp);
   // The coalesced ACK of a QP, sent once per transmit (build_acks).
   [[gnu::always_inline]] void schedule_ack(Qp &qp) {
     if (!qp.resp.ack_pending) ack_list_.push_back(&qp);
@@ -278,7 +274,6 @@ class Engine {
     if (last) qp.resp.msn = msn_add(qp.resp.msn, 1);
     qp.resp.epsn = psn_add(qp.resp.epsn, 1);
     qp.resp.nak_sent = false;
-    qp.resp.dup_pending = false;
     if (ack_req) schedule_ack(qp);
   }
   void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);

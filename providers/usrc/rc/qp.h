@@ -166,16 +166,6 @@ struct CompState {
   // comes after kMinProbeNs or 2 srtt and resends the oldest packet alone
   // (probe_armed: the timer is set for it; probed: it was made).
   bool probed = false, probe_armed = false;
-  // Spurious resends: a peer descheduled for a while (a busy host) is
-  // silent, not lossy. resent_at: the first probe or timer resend since una
-  // last moved (0: none), the window then (cwnd_before, ssthresh_before);
-  // progress_at: when una last moved; silence: how long una stood still
-  // before it moved after a resend (0: no resend since). If the peer then
-  // shows it had the packets (Engine::spurious_resend), stall becomes that
-  // silence (kept kStallMemoryNs from stall_at) and the probe and the
-  // retransmission timer wait at least that long from then on.
-  uint64_t resent_at = 0, progress_at = 0, silence = 0, stall = 0, stall_at = 0;
-  uint32_t cwnd_before = 0, ssthresh_before = 0;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
   bool sqd_drained = false;   // IBV_EVENT_SQ_DRAINED raised: once per entry into SQD
@@ -191,11 +181,6 @@ struct RespState {
   uint16_t held = 0;          // requests beyond epsn kept (Engine::hold)
   bool hold_missed = false;   // ... and some not (no room): NAK after the drain
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
-  bool dup_pending = false;   // ... and it answers a duplicate (Engine::duplicate)
-  // The last gap filled from kept packets: [hole_from, hole_to). Resends of
-  // those are duplicates of a real loss's neighbours, not of a slow
-  // responder's packets.
-  uint32_t hole_from = 0, hole_to = 0;
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)
   uint32_t recv_offset = 0;

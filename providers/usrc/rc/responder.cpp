@@ -234,7 +234,6 @@ void Engine::hold(Qp &qp, const PacketView &v) {
   room->v = v;
   room->v.p.payload = room->data.get();
   room->qp = &qp;
-  if (!qp.resp.held) qp.resp.hole_from = qp.resp.epsn;
   qp.resp.held++;
   count(Counter::held);
 }
@@ -265,7 +264,6 @@ void Engine::drain_held(Qp &qp) {
       took = again = true;
     }
   }
-  if (took) qp.resp.hole_to = qp.resp.epsn;
   if (took && (qp.resp.held || qp.resp.hold_missed)) respond_error(qp, RespErr::psn_seq, qp.resp.epsn);
   if (!qp.resp.held) qp.resp.hold_missed = false;
 }
@@ -328,24 +326,7 @@ Engine::RespStep Engine::duplicate(Qp &qp, Request &r) {
   count(Counter::duplicates);
   if (r.mask & wire::IS_READ) read_request(qp, r.v, true);
   else if (r.mask & wire::IS_ATOMIC) atomic_request(qp, r.v, true);
-  else {
-    // A requester that resent what we have (its timer fired while we were
-    // slow, or our ACK was lost): the ACK for what came before it goes now,
-    // and the one for the duplicate after it, so that the requester sees an
-    // ACK that moves nothing and knows its resend was not needed
-    // (Engine::spurious_resend). Once per run of duplicates; not for the
-    // resends of what followed a real loss (kept, then taken).
-    const uint32_t psn = r.v.psn();
-    if (psn_le(qp.resp.hole_from, psn) && psn_lt(psn, qp.resp.hole_to)) {
-      schedule_ack(qp);
-      return RespStep::done;
-    }
-    if (qp.resp.ack_pending && !qp.resp.dup_pending)
-      send_ack(qp, wire::aeth_ack(), psn_add(qp.resp.epsn, kPsnMask));
-    qp.resp.ack_pending = false;
-    schedule_ack(qp);
-    qp.resp.dup_pending = true;
-  }
+  else schedule_ack(qp);
   return RespStep::done;
 }
 

@@ -564,6 +564,8 @@ TEST_CASE("shm: a peer without a ring, or gone, is reached over the socket", "[n
 TEST_CASE("shm: a ring is in no file, and goes with its process (not kept by the process's children)", "[nic]") {
   constexpr uint16_t kBase = 26240;
   const net::Endpoint dead{0x7f000001, kBase};
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
   pid_t pid = fork();
   if (pid == 0) {
     std::string err;
@@ -574,6 +576,9 @@ TEST_CASE("shm: a ring is in no file, and goes with its process (not kept by the
     // (fork shares it). It lets go of the UDP socket, which would keep the
     // port from the next run of this test.
     if (fork() == 0) {
+      // (fork's handlers have run in this process once it runs at all: say
+      // so, or a loaded machine may not have run it before the check.)
+      (void)!write(ready[1], "r", 1);
       for (const auto &e : std::filesystem::directory_iterator("/proc/self/fd")) {
         const int fd = std::atoi(e.path().filename().c_str());
         int domain = 0;
@@ -583,8 +588,11 @@ TEST_CASE("shm: a ring is in no file, and goes with its process (not kept by the
       usleep(3'000'000);
       _exit(0);
     }
-    _exit(s && shm_exists(dead) ? 0 : 1);   // no destructor
+    char c;
+    const bool child_ran = read(ready[0], &c, 1) == 1;
+    _exit(s && shm_exists(dead) && child_ran ? 0 : 1);   // no destructor
   }
+  close(ready[0]), close(ready[1]);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));

@@ -98,9 +98,14 @@ void Context::progress_loop() {
     // ring) say so now, or have a doorbell rung once we are asleep.
     fds[0].fd = d.on_nic ? nic_fd : -1;
     const bool on_nic = fds[0].fd >= 0;
-    if (on_nic && !engine_->nic().prepare_wait()) continue;
+    // While the application polls, on the NIC's own fd only: its packets
+    // from other hosts wake the thread (a passive target's), but peers on
+    // this host are not made to ring a doorbell for every datagram they put
+    // in our ring, a system call each (the application takes those itself).
+    const bool doorbell = on_nic && !watch;
+    if (doorbell && !engine_->nic().prepare_wait()) continue;
     int r = ppoll(fds, 3, tsp, nullptr);
-    if (on_nic) engine_->nic().end_wait();
+    if (doorbell) engine_->nic().end_wait();
     if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;

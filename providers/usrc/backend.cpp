@@ -11,6 +11,7 @@
 #include "usrc/net/ofi.h"
 #include "usrc/net/shm.h"
 #include "usrc/net/trace.h"
+#include "usrc/rc/types.h"
 #include "usrc/net/udp.h"
 #include "usrc/net/xdp.h"
 #include "usrc/usrc.h"
@@ -75,11 +76,13 @@ std::unique_ptr<net::Nic> open_nic(const DeviceConfig &cfg, uint32_t *slot, uint
   }
   // Size the send window to what the peer's socket buffer can hold (we
   // assume the peer is configured like us): loss from buffer overflow would
-  // otherwise be the common case on loopback. Backends with their own
-  // receive rings get a fixed window below their ring size.
+  // otherwise be the common case on loopback. It must also cover the time
+  // a receiver on a busy host is not running (milliseconds): a sender whose
+  // window is full waits for it, however fast the link. Backends with
+  // their own receive rings get a fixed window below their ring size.
   uint32_t per_pkt = cfg.active_mtu + 1024;
   *window = t.tx_window ? t.tx_window
-            : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), 8, 256)
+            : rcvbuf    ? std::clamp<uint32_t>(rcvbuf / (2 * per_pkt), rc::kMinWindow, rc::kMaxWindow)
                         : 64;
   std::unique_ptr<net::Nic> dev = std::move(nic);
   if (cfg.backend == Backend::udp && t.shm) {

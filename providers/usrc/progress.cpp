@@ -5,14 +5,32 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
 #include "usrc/progress_policy.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
+
+namespace {
+// sched_setattr(2)'s argument, its first version (48 bytes; glibc 2.36 has
+// no declaration and <linux/sched/types.h> clashes with <sched.h>).
+struct SchedAttr {
+  uint32_t size, sched_policy;
+  uint64_t sched_flags;
+  int32_t sched_nice;
+  uint32_t sched_priority;
+  uint64_t sched_runtime, sched_deadline, sched_period;
+};
+static_assert(sizeof(SchedAttr) == 48);
+}  // namespace
 
 uint64_t now_ns() {
   timespec ts;
@@ -35,6 +53,20 @@ void Context::progress_loop() {
     sched_param sp{};
     sp.sched_priority = 1;
     pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+  } else if (t.progress_slice_us) {
+    // On a machine whose cores are all busy (a CPU-bound process beside
+    // the application) a woken thread otherwise waits for the running
+    // one's slice (milliseconds under EEVDF) before it runs: a passive
+    // target's every request, and every ACK the sender's window waits
+    // for, would. A short slice (Linux 6.12's custom slices: any user, no
+    // more CPU share) makes it preempt on wake-up; older kernels ignore
+    // the field for SCHED_OTHER.
+    SchedAttr sa{};
+    sa.size = sizeof sa;
+    sa.sched_policy = SCHED_OTHER;
+    sa.sched_runtime = uint64_t(t.progress_slice_us) * 1000;
+    if (syscall(SYS_sched_setattr, 0, &sa, 0) != 0)
+      log().debug("progress thread: no custom time slice: {}", strerror(errno));
   }
   engine_->local_peers().owner_thread(true);
   const int nic_fd = engine_->nic().wait_fd();

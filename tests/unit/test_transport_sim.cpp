@@ -539,10 +539,10 @@ TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local A
   CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] > resends);
 }
 
-TEST_CASE("a retransmission timer that expires twice without progress cuts the window to 8 packets", "[sim]") {
+TEST_CASE("a silent peer gets the oldest packet alone on each retransmission timeout, the window kept; the answer that shows loss halves it", "[sim]") {
   Pair p(5);
   p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
-  std::vector<uint8_t> buf(100, 1), rx(2 * 128);
+  std::vector<uint8_t> buf(100, 1), rx(128 * 9);
   size_t done = 0;
   auto completed = [&](size_t n) {
     return [&, n] {
@@ -550,20 +550,25 @@ TEST_CASE("a retransmission timer that expires twice without progress cuts the w
       return done == n;
     };
   };
+  auto counter = [&](Counter c) { return p.a.e->counters[uint32_t(c)]; };
   post_small_send(p, buf, rx, 0);   // a round trip measured
   REQUIRE(p.run(completed(1)));
   const uint32_t full = p.a.qp->req.cwnd;
-  REQUIRE(full > 8);
+  REQUIRE(full > 32);
+  // Silence: the peer is gone (descheduled, partitioned) with 8 packets
+  // in flight. Each expiry resends the oldest alone; the window stays.
   p.net.set_partitioned(p.b.e->nic().local(), true);
-  post_small_send(p, buf, rx, 1);
-  auto rto = [&] { return p.a.e->counters[uint32_t(Counter::rto_resends)]; };
-  REQUIRE(p.run([&] { return rto() >= 1; }));
-  CHECK(p.a.qp->req.cwnd == std::max<uint32_t>(full / 2, 32));   // the first: halved
-  REQUIRE(p.run([&] { return rto() >= 2; }));
-  CHECK(p.a.qp->req.cwnd == 8);                                  // the second: the minimum
-  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
+  for (uint64_t id = 1; id <= 8; id++) post_small_send(p, buf, rx, id);
+  const uint64_t resent0 = counter(Counter::retransmits);
+  REQUIRE(p.run([&] { return counter(Counter::rto_resends) >= 3; }));
+  CHECK(counter(Counter::retransmits) - resent0 == counter(Counter::probes) + counter(Counter::rto_resends));
+  CHECK(p.a.qp->req.cwnd == full);
+  // Back: what it answers (the oldest alone, all of the rest lost) is a
+  // loss: the rest goes back N once and the window halves.
   p.net.set_partitioned(p.b.e->nic().local(), false);
-  REQUIRE(p.run(completed(2)));
+  REQUIRE(p.run(completed(9)));
+  CHECK(p.a.qp->req.cwnd == std::max<uint32_t>(full / 2, 32));
+  CHECK(counter(Counter::timeouts) == 0);
 }
 
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {

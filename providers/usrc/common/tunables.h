@@ -31,6 +31,10 @@ namespace usrc {
     " polled within this many microseconds (0: the progress thread always receives too)")  \
   X(uint32_t, progress_rt, "USRC_PROGRESS_RT", 0,                                         \
     "Run the progress thread at real-time priority where permitted")                       \
+  X(uint32_t, progress_slice_us, "USRC_PROGRESS_SLICE_US", 100,                            \
+    "The progress thread's time slice (Linux 6.12 and later; 100 to 100000, 0: the"        \
+    " kernel's default): a short slice lets it preempt a CPU-bound thread as soon as a"     \
+    " packet wakes it, instead of after that thread's slice")                             \
   X(uint32_t, shm, "USRC_SHM", 1,                                                         \
     "UDP backend: datagrams to contexts on this host (same user and network namespace) go"  \
     " through their shared-memory ring instead of the socket (0: always the socket)")      \

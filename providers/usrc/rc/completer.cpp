@@ -53,7 +53,7 @@ void Engine::arm_retransmit(Qp &qp) {
   qp.comp.ack_deadline = now + t;
   arm_timer(qp.comp.ack_deadline);
   if (!qp.comp.srtt) return;
-  uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+  uint64_t rto = qp.comp.rto_ns();
   const uint64_t pto = std::max(2 * qp.comp.srtt, kMinProbeNs);
   qp.comp.probe_armed = pto < rto && probe_ok(qp);
   if (qp.comp.probe_armed) rto = pto;
@@ -288,6 +288,10 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
     qp.comp.rnr_left--;
   }
   go_back_n(qp, qp.comp.una_psn);   // una may lag psn: READ data still missing
+  // Everything after psn is resent: the window outran the receives the
+  // application keeps posted (a receiver on a busy host falls behind), and
+  // shrinks as for a loss.
+  window_loss(qp, false);
   qp.comp.ack_deadline = 0;
   qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
   arm_timer(qp.comp.rnr_deadline);
@@ -391,7 +395,7 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // The receiver has not even taken what we sent (its ring is full,
       // the NIC holds the rest): slow, not lossy. Resending would only
       // queue copies behind the originals; the Local ACK Timeout still runs.
-      const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+      const uint64_t rto = qp.comp.rto_ns();
       if (now + rto < qp.comp.ack_deadline) {
         qp.comp.rto_deadline = now + rto;
         arm_timer(qp.comp.rto_deadline);
@@ -408,18 +412,27 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       qp.comp.probed = true;
       if (resend_one(qp, qp.comp.una_psn, true)) count(Counter::probes);
     } else {
-      // The retransmission timer: resend from una; the Local ACK Timeout
-      // keeps running and still decides retry_cnt.
+      // The retransmission timer; the Local ACK Timeout keeps running and
+      // still decides retry_cnt. Silence this long is as often a peer
+      // that is not running (descheduled on a busy host: milliseconds) as
+      // a loss, and which one only its answer tells: the oldest packet is
+      // resent alone, as the probe was, and the window kept. A peer that
+      // kept what followed it acknowledges everything; one that lost more
+      // acknowledges that packet alone and the rest goes back N
+      // (sel_acked, which then shrinks the window). Where that packet
+      // cannot be resent alone (a READ or ATOMIC, a peer that drops what
+      // follows a gap): go back N now, the window shrunk as for a NAK,
+      // and to the minimum on a second expiry without progress (an
+      // overflowing receiver whose losses no later packet reveals).
       count(Counter::rto_resends);
-      // A first expiry is a loss like a NAK's; one more without progress in
-      // between is trouble that persists (an overflowing receiver whose
-      // losses no later packet reveals): the window goes down to the minimum.
-      window_loss(qp, qp.comp.rto_backoff > 0);
-      go_back_n(qp, qp.comp.una_psn);
-      requester_tx(qp);
+      if (!resend_one(qp, qp.comp.una_psn, true)) {
+        window_loss(qp, qp.comp.rto_backoff > 0);
+        go_back_n(qp, qp.comp.una_psn);
+        requester_tx(qp);
+      }
       if (qp.comp.rto_backoff < 30) qp.comp.rto_backoff++;
     }
-    const uint64_t rto = std::max(qp.comp.srtt + 4 * qp.comp.rttvar, kMinRtoNs) << qp.comp.rto_backoff;
+    const uint64_t rto = qp.comp.rto_ns();
     if (now + rto < qp.comp.ack_deadline) {
       qp.comp.rto_deadline = now + rto;
       arm_timer(qp.comp.rto_deadline);

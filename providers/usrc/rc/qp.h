@@ -162,6 +162,9 @@ struct CompState {
   uint32_t rtt_psn = 0;
   bool rtt_on = false;             // a round trip is being timed
   uint8_t rto_backoff = 0;
+  uint64_t rto_ns() const {
+    return (srtt + 4 * rttvar > kMinRtoNs ? srtt + 4 * rttvar : kMinRtoNs) << rto_backoff;
+  }
   // The probe (Engine::check_timers): the first expiry after progress
   // comes after kMinProbeNs or 2 srtt and resends the oldest packet alone
   // (probe_armed: the timer is set for it; probed: it was made).

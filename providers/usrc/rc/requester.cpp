@@ -355,6 +355,9 @@ void Engine::sel_acked(Qp &qp) {
   }
   if (!psn_lt(qp.comp.una_psn, qp.req.tx_psn)) return;
   if (!qp.req.sel.peer_keeps && !qp.req.sel.probe) qp.req.sel.skip = kSelSkip;
+  // (After a NAK the window has shrunk already; a probe's or the
+  // retransmission timer's resend answered alone is that loss's news.)
+  if (qp.req.sel.probe) window_loss(qp, false);
   qp.req.sel.back_psn = qp.comp.una_psn;   // (a NAK for it may follow: see completer_rx)
   go_back_n(qp, qp.comp.una_psn);
 }

@@ -12,6 +12,7 @@
 #include "usrc/common/log.h"
 #include "usrc/common/tunables.h"
 #include "usrc/usrc.h"
+#include "usrc/version.h"
 
 namespace usrc {
 
@@ -167,7 +168,7 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   const DeviceConfig &cfg = impl(ibctx).cfg();
   ibv_device_attr_ex a{};
   ibv_device_attr &o = a.orig_attr;
-  snprintf(o.fw_ver, sizeof o.fw_ver, "usrc 0.1.0");
+  snprintf(o.fw_ver, sizeof o.fw_ver, "usrc " USRC_VERSION);
   o.node_guid = htobe64(cfg.node_guid);
   o.sys_image_guid = htobe64(cfg.node_guid);
   o.max_mr_size = UINT64_MAX;

@@ -40,7 +40,7 @@ uint8_t *Mr::mapped(uint8_t *p, uint64_t len) const {
 }
 
 static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova, int access) {
-  // IBA C10-...: remote write or atomic access requires local write.
+  // Remote write or atomic access requires local write (ibv_reg_mr(3)).
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE)) {
     errno = EINVAL;

@@ -6,9 +6,11 @@
 #include <infiniband/verbs.h>
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -206,6 +208,27 @@ inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
 inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
+
+// The casts above, and those of device.cpp (Device), pd_mr.cpp (Dm) and
+// cq.cpp (ibv_cq_ex), take a libibverbs object for ours: each of ours
+// begins with it, and libibverbs' own wrappers begin with the object they
+// hand out.
+static_assert(std::is_standard_layout_v<Device> && offsetof(Device, vdev) == 0 &&
+              offsetof(verbs_device, device) == 0);
+static_assert(std::is_standard_layout_v<VerbsContext> && offsetof(VerbsContext, vctx) == 0);
+static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, pd) == 0);
+static_assert(std::is_standard_layout_v<Mr> && offsetof(Mr, vmr) == 0 && offsetof(verbs_mr, ibmr) == 0);
+static_assert(std::is_standard_layout_v<Dm> && offsetof(Dm, dm) == 0);
+static_assert(std::is_standard_layout_v<Qp> && offsetof(Qp, vqp) == 0 && offsetof(verbs_qp, qp) == 0 &&
+              offsetof(verbs_qp, qp_ex) == 0 && offsetof(ibv_qp_ex, qp_base) == 0);
+static_assert(offsetof(verbs_cq, cq) == 0 && offsetof(verbs_cq, cq_ex) == 0);
+// Cq is not standard-layout (its Events member is polymorphic), where
+// offsetof is only conditionally supported: GCC and Clang give the layout
+// they use. Cq itself has no base and no vptr to put before vcq.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"
+static_assert(!std::is_polymorphic_v<Cq> && offsetof(Cq, vcq) == 0);
+#pragma GCC diagnostic pop
 uint64_t now_ns();   // progress.cpp: CLOCK_MONOTONIC, the engine's clock
 
 // backend.cpp: a context's NIC, the device's backend on a free process slot

@@ -32,11 +32,13 @@ TEST_CASE("try_lock fails while the lock is held, a waiter gets it once released
   CHECK_FALSE(l.try_lock());
   std::atomic<bool> got{false};
   int value = 0;
+  int seen = -1;   // value as the waiter read it, checked here (Catch2's
+                   // assertions are not thread-safe)
   // The waiter spins, yields, then naps: a holder that keeps the lock for
   // milliseconds still hands it over.
   std::thread w([&] {
     std::lock_guard g(l);
-    CHECK(value == 42);
+    seen = value;
     got = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -45,6 +47,7 @@ TEST_CASE("try_lock fails while the lock is held, a waiter gets it once released
   l.unlock();
   w.join();
   CHECK(got.load());
+  CHECK(seen == 42);
   CHECK(l.try_lock());
   l.unlock();
 }

@@ -281,7 +281,7 @@ TEST_CASE("duplication, reordering, delay and corruption", "[sim]") {
   CHECK(p.b.e->counters[uint32_t(Counter::duplicates)] > 0);
 }
 
-// The responder's short path (Engine::fast_send_only) takes in-order SEND
+// The responder's short path (Engine::fast_sends) takes in-order SEND
 // ONLY packets from this host; what it leaves to the general path must
 // still come out right.
 TEST_CASE("same host: small SENDs under loss, duplication and reordering; SQD; RNR; a short receive buffer", "[sim]") {

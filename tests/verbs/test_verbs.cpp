@@ -181,7 +181,7 @@ int post_send(ibv_qp *qp, uint64_t id, ibv_wr_opcode op, ibv_sge *sge, int nsge,
 }
 
 // A responder that detects a remote error NAKs once and moves its QP to
-// ERR, where it drops everything (IBA 9.9, C10-...): if that NAK is lost
+// ERR, where it drops everything (IBA 9.9): if that NAK is lost
 // (the loss test), the requester's retries time out instead.
 bool remote_error(ibv_wc_status got, ibv_wc_status want) {
   return got == want || (getenv("USRC_TEST_LOSSY") && got == IBV_WC_RETRY_EXC_ERR);

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "usrc/common/config_text.h"
 #include "usrc/device.h"
+#include "usrc/version.h"
 
 namespace fs = std::filesystem;
 
@@ -205,7 +206,7 @@ int link_add(const LinkAddArgs &a) {
     write_file(tmp / "node_type", "1: CA\n");
     write_file(tmp / "node_guid", guid_str(c.node_guid) + "\n");
     write_file(tmp / "sys_image_guid", guid_str(c.node_guid) + "\n");
-    write_file(tmp / "fw_ver", "0.1.0\n");
+    write_file(tmp / "fw_ver", USRC_VERSION "\n");
     write_file(tmp / "board_id", "USRC_UDP\n");
     write_file(tmp / "hca_type", "usrc\n");
     write_file(tmp / "node_desc", "usrc " + a.name + " (" + a.netdev + ")\n");

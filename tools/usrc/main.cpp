@@ -2,12 +2,13 @@
 #include <cstdlib>
 
 #include "cli.h"
+#include "usrc/version.h"
 
 using namespace usrc::cli;
 
 int main(int argc, char **argv) {
   CLI::App app{"usrc: user-space RDMA (InfiniBand RC over UDP) devices"};
-  app.set_version_flag("--version", "usrc 0.1.0");
+  app.set_version_flag("--version", "usrc " USRC_VERSION);
   app.require_subcommand(1);
 
   auto *link = app.add_subcommand("link", "manage usrc devices");

@@ -1,6 +1,7 @@
 #include "usrc/net/ofi.h"
 
 #include "usrc/common/guard.h"
+#include "usrc/net/ipv4.h"
 
 #include <arpa/inet.h>
 #include <rdma/fabric.h>
@@ -18,13 +19,6 @@ namespace usrc::net {
 
 namespace {
 
-sockaddr_in to_sockaddr(Endpoint e) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(e.ip);
-  a.sin_port = htons(e.port);
-  return a;
-}
 uint64_t key(Endpoint e) { return uint64_t(e.ip) << 16 | e.port; }
 
 class OfiNic final : public Nic {

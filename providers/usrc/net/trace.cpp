@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "usrc/net/ipv4.h"
 #include "usrc/wire/hdr.h"
 
 namespace usrc::net {
@@ -26,13 +27,6 @@ struct PcapHeader {
 struct RecordHeader {
   uint32_t sec, nsec, caplen, len;
 };
-
-uint16_t ip_checksum(const uint8_t *h, size_t n) {
-  uint32_t sum = 0;
-  for (size_t i = 0; i < n; i += 2) sum += uint32_t(h[i] << 8 | h[i + 1]);
-  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-  return uint16_t(~sum);
-}
 
 }  // namespace
 
@@ -107,7 +101,7 @@ void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint
   h[9] = 17;     // UDP
   wire::be::put32(h + 12, src.ip);
   wire::be::put32(h + 16, dst.ip);
-  wire::be::put16(h + 10, ip_checksum(h, 20));
+  wire::be::put16(h + 10, ipv4_header_checksum(h, 20));
   const size_t ulen = 8 + len;
   wire::be::put16(h + 20, src.port);
   wire::be::put16(h + 22, dst.port);

@@ -2,6 +2,7 @@
 
 #include "usrc/common/guard.h"
 #include "usrc/common/log.h"
+#include "usrc/net/ipv4.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -25,14 +26,6 @@ static int raw_recvmmsg(int fd, mmsghdr *m, size_t n, int flags) {
 }
 static int raw_sendmmsg(int fd, mmsghdr *m, size_t n, int flags) {
   return static_cast<int>(::syscall(SYS_sendmmsg, fd, m, n, flags));
-}
-
-static sockaddr_in to_sockaddr(Endpoint e) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(e.ip);
-  a.sin_port = htons(e.port);
-  return a;
 }
 
 std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,

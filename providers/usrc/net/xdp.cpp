@@ -2,6 +2,7 @@
 
 #include "usrc/common/guard.h"
 #include "usrc/common/log.h"
+#include "usrc/net/ipv4.h"
 #include "usrc/net/neigh.h"
 
 #include <arpa/inet.h>
@@ -33,13 +34,6 @@ namespace {
 constexpr uint32_t kFrame = XSK_UMEM__DEFAULT_FRAME_SIZE, kFrames = 4096, kRing = 2048;   // half RX, half TX
 constexpr size_t kHdr = 14 + 20 + 8;                                // Ethernet, IPv4, UDP
 static_assert(kXdpMaxPayload == kFrame - XDP_PACKET_HEADROOM - kHdr);
-
-uint16_t csum16(const uint8_t *p, size_t n) {
-  uint32_t s = 0;
-  for (size_t i = 0; i + 1 < n; i += 2) s += (p[i] << 8) | p[i + 1];
-  while (s >> 16) s = (s & 0xffff) + (s >> 16);
-  return static_cast<uint16_t>(~s);
-}
 
 bool parse_mac(const std::string &s, uint8_t mac[6]) {
   unsigned m[6];
@@ -219,10 +213,7 @@ class XdpNic final : public Nic {
     // A kernel UDP socket on our port reserves it (slots collide as with
     // udp) and sends the datagrams that make the kernel resolve neighbours.
     sock_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(local.ip);
-    sa.sin_port = htons(local.port);
+    sockaddr_in sa = to_sockaddr(local);
     if (sock_ < 0 || bind(sock_, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0)
       return fail("bind");
 
@@ -326,7 +317,7 @@ class XdpNic final : public Nic {
                            uint8_t(local_.ip >> 8), uint8_t(local_.ip), uint8_t(dst.ip >> 24),
                            uint8_t(dst.ip >> 16), uint8_t(dst.ip >> 8), uint8_t(dst.ip)};
     memcpy(ip, h, 20);
-    uint16_t c = csum16(ip, 20);
+    uint16_t c = ipv4_header_checksum(ip, 20);
     ip[10] = uint8_t(c >> 8), ip[11] = uint8_t(c);
     uint8_t *u = ip + 20;
     uint16_t ul = static_cast<uint16_t>(8 + len);
@@ -341,10 +332,7 @@ class XdpNic final : public Nic {
     uint64_t now = static_cast<uint64_t>(time(nullptr));
     if (probed_[ip] == now) return;
     probed_[ip] = now;
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_addr.s_addr = htonl(ip);
-    to.sin_port = htons(9);
+    sockaddr_in to = to_sockaddr({ip, 9});
     sendto(sock_, "", 0, MSG_DONTWAIT, reinterpret_cast<sockaddr *>(&to), sizeof to);
   }
 

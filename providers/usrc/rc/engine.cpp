@@ -254,7 +254,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   w.first_psn = qp.req.next_psn;
   qp.sq.push();
 
-  if (qp.state == QpState::err || qp.state == QpState::sqe) {
+  if (qp.state == QpState::err) {
     // Flushed at once (IBA 10.8.3.3); nothing goes on the wire.
     flush_queues(qp);
     return;
@@ -517,7 +517,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
     responder_rx(*qp, v);
     if (qp->resp.held) drain_held(*qp);
   } else {
-    if (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe) {
+    if (qp->state != QpState::rts && qp->state != QpState::sqd) {
       count(Counter::unknown_qp_drops);
       return;
     }

@@ -83,9 +83,9 @@ struct Ring {
   uint32_t hi = 0, ti = 0;   // the slots of head and tail
 };
 
-// What modify_qp sets (the QP context, IBA 11.2.4.2 / seed
-// iba-qp-context): the verbs glue checks it and hands it over whole
-// (Engine::modify); the engines only read it.
+// What modify_qp sets (the QP context, IBA 11.2.4.2): the verbs glue
+// checks it and hands it over whole (Engine::modify); the engines only
+// read it.
 struct QpAttrs {
   uint32_t dest_qpn = 0;
   net::Endpoint peer;

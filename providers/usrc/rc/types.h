@@ -29,6 +29,9 @@ constexpr uint32_t kMaxGsoBytes = 65507;     // UDP payload of one IPv4 datagram
 // and completed, but not yet acknowledged, held beyond the SQ's capacity.
 constexpr uint32_t kPlacedSlack = 8;
 
+// = enum ibv_qp_state. An RC QP never enters sqe (only unreliable QPs do;
+// an RC send queue error takes the QP to err): check_modify_qp has no
+// transition into it and the engine sets err only.
 enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };
 
 enum class WcStatus : uint8_t {   // = enum ibv_wc_status

@@ -8,7 +8,8 @@ namespace usrc {
 
 #define USRC_TUNABLES(X)                                                                   \
   X(uint32_t, tx_window, "USRC_TX_WINDOW", 0,                                              \
-    "Max request packets in flight per QP (0: derived from the socket receive buffer)")    \
+    "Max request packets in flight per context, shared by its QPs, each QP at least 256 or"  \
+    " this (0: derived from the socket receive buffer)")    \
   X(uint32_t, ack_every, "USRC_ACK_EVERY", 16,                                             \
     "The requester asks for an ACK (AckReq) at least every this many packets")             \
   X(uint32_t, sock_buf, "USRC_SOCK_BUF", 8u << 20,                                         \

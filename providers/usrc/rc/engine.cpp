@@ -42,10 +42,10 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     qp->sq_cap = max_send_wr ? max_send_wr : 1;
     qp->sq.init(qp->sq_cap + kPlacedSlack);
     qp->rq.init(max_recv_wr ? max_recv_wr : 1);
-    qp->req.window = qp->req.cwnd = qp->req.ssthresh = max_window;
     live_.reserve(live_.size() + 1);
     qps_[i] = qp.get();
     live_.push_back(qp.get());
+    share_window();
     return qp.release();
   }
   return nullptr;
@@ -82,6 +82,24 @@ void Engine::reap(Qp *qp) {
   std::erase(live_, qp);
   qps_[qp->qpn & (kQpsPerSlot - 1)] = nullptr;
   delete qp;
+  share_window();
+}
+
+// The peers' socket buffers, which max_window is sized from, take the
+// packets of every QP of the context: each QP's window is max_window shared
+// among them, but never below kSharedWindow (many QPs then rely on the
+// congestion window). A QP whose window was full keeps it full.
+void Engine::share_window() {
+  const uint32_t w = std::max<uint32_t>(max_window / std::max<size_t>(live_.size(), 1),
+                                        std::min(kSharedWindow, max_window));
+  for (Qp *qp : live_) {
+    ReqState &r = qp->req;
+    if (r.cwnd >= r.window) r.cwnd = w;
+    if (r.ssthresh >= r.window) r.ssthresh = w;
+    r.window = w;
+    r.cwnd = std::min(r.cwnd, w);
+    r.ssthresh = std::min(r.ssthresh, w);
+  }
 }
 
 Qp *Engine::find_qp(uint32_t qpn) {

@@ -168,7 +168,7 @@ class Engine {
   std::atomic<uint32_t> polls{0};
   void note_poll() { polls.store(polls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   uint32_t slot() const { return slot_; }
-  uint32_t max_window = 64;       // cap for new QPs (from the socket buffer)
+  uint32_t max_window = 64;       // packets in flight, shared by the QPs (from the socket buffer)
   uint32_t hold_max;              // requests kept beyond a gap (USRC_RX_HOLD)
 
  private:
@@ -391,6 +391,7 @@ class Engine {
   std::atomic<uint64_t> next_deadline_{UINT64_MAX};
   uint32_t lingering_ = 0;
   void reap(Qp *qp);
+  void share_window();
 
   // The transmit batch: up to kTxBatch packets, each built in a slot (its
   // headers and trailer) with its iovecs in one flat array, so that a run of

@@ -16,7 +16,8 @@ constexpr uint32_t kMaxWr = 16384;       // per queue
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 constexpr uint64_t kMinRtoNs = 2'000'000;    // the adaptive retransmission timeout's floor
 constexpr uint64_t kMinProbeNs = 200'000;    // the probe's (CompState::probed)
-constexpr uint32_t kMaxWindow = 2048;       // packets in flight per QP, at most
+constexpr uint32_t kMaxWindow = 2048;       // packets in flight per context, at most
+constexpr uint32_t kSharedWindow = 256;     // a QP's window, at least, however many share (Engine::share_window)
 constexpr uint32_t kMinWindow = 8;          // packets in flight after a timeout (ReqState::cwnd)
 // Packets in flight after a loss that later packets revealed (a NAK): a
 // random loss of 1% would otherwise hold the window near 14 packets, where

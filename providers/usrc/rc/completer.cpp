@@ -419,11 +419,12 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // resent alone, as the probe was, and the window kept. A peer that
       // kept what followed it acknowledges everything; one that lost more
       // acknowledges that packet alone and the rest goes back N
-      // (sel_acked, which then shrinks the window). Where that packet
-      // cannot be resent alone (a READ or ATOMIC, a peer that drops what
-      // follows a gap): go back N now, the window shrunk as for a NAK,
-      // and to the minimum on a second expiry without progress (an
-      // overflowing receiver whose losses no later packet reveals).
+      // (sel_acked, which then shrinks the window; a peer that drops what
+      // follows a gap answers so too). Where that packet cannot be resent
+      // alone (a READ or ATOMIC, a WRITE placed directly): go back N now,
+      // the window shrunk as for a NAK, and to the minimum on a second
+      // expiry without progress (an overflowing receiver whose losses no
+      // later packet reveals).
       count(Counter::rto_resends);
       if (!resend_one(qp, qp.comp.una_psn, true)) {
         window_loss(qp, qp.comp.rto_backoff > 0);

@@ -10,6 +10,18 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     looks_active_ = 0, hands_ = 0, woke_ = 0, nic_off_until_ = 0;
     return {Do::take_engine};
   }
+  if (cfg_.no_wait_fd_poll_ns && !woke_) {
+    // A NIC without a wait fd, looked at on its period (below): packets
+    // there at two looks in a row, the application polling all along, are
+    // not being received by it (a passive target spinning on its memory):
+    // the thread takes them. (Its calls cannot tell: it polls its send CQ
+    // between the looks whether or not it receives.)
+    if (nic_ready && pending_seen_) {
+      pending_seen_ = false, looks_active_ = 0, hands_ = 0;
+      return {Do::take_engine};
+    }
+    pending_seen_ = nic_ready;
+  }
   if (woke_) {
     // Packets arrived kHandNs ago while the application was polling. Still
     // there and the application has made no call since: it is not
@@ -41,6 +53,9 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
       std::max(busy_until, now + (cfg_.app_quiet_ns << std::min(looks_active_, kMaxBackoff)));
   looks_active_++;
   if (now < nic_off_until_) return {Do::sleep, std::min(until, nic_off_until_), false};
+  // A NIC with no fd to wake the thread is looked at on its period
+  // instead (above).
+  if (cfg_.no_wait_fd_poll_ns) return {Do::sleep, std::min(until, now + cfg_.no_wait_fd_poll_ns), true};
   return {Do::sleep, until, true};   // (until > now: busy_until is)
 }
 

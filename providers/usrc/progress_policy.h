@@ -18,7 +18,8 @@ class ProgressPolicy {
     // USRC_BUSY_POLL_US (0 at real-time priority): how long after the
     // last received packet the thread spins instead of sleeping.
     uint64_t spin_ns = 50'000;
-    // The NIC has no wait fd: look at it on this period (0: it has one).
+    // The NIC has no wait fd: look at it on this period, also while the
+    // application polls (0: it has one).
     uint64_t no_wait_fd_poll_ns = 0;
   };
 
@@ -70,7 +71,7 @@ class ProgressPolicy {
   // nic_check() (a system call). app_calls: the application's verbs calls
   // so far (polls and posts), a count that only grows.
   Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false, uint64_t app_calls = 0);
-  bool nic_check() const { return woke_ != 0; }
+  bool nic_check() const { return woke_ != 0 || cfg_.no_wait_fd_poll_ns; }
 
   // A sleep from next() ended because packets arrived (the NIC's fd): the
   // application gets kHandNs to take them (the next next() looks).
@@ -98,6 +99,7 @@ class ProgressPolicy {
   uint64_t last_hand_ = 0;       // ... the last of them
   uint64_t last_rx_ = 0, no_spin_until_ = 0, last_nl_ = 0;
   bool rx_seen_ = false;
+  bool pending_seen_ = false;    // no wait fd: the last look found packets
   uint32_t contended_ = 0;
 };
 

@@ -60,6 +60,10 @@ if command -v ibv_devices >/dev/null; then
   # A user without root runs programs on an existing device.
   setpriv --reuid=65534 --regid=65534 --clear-groups "$USRC" exec -- ibv_devinfo -d c_ib | grep -q PORT_ACTIVE ||
     fail "non-root ibv_devinfo"
+  # A setting that is not a number is ignored, and said so.
+  out=$(USRC_TX_WINDOW=lots "$USRC" exec -- ibv_devinfo -d c_ib 2>&1) || fail "ibv_devinfo with a bad setting"
+  echo "$out" | grep -q "USRC_TX_WINDOW=lots is not a number" || fail "a bad setting is reported: $out"
+  echo "$out" | grep -q PORT_ACTIVE || fail "a bad setting stops nothing"
 fi
 
 "$USRC" link del c_ib || fail "link del"

@@ -15,11 +15,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "usrc/net/ofi.h"
@@ -34,6 +36,14 @@ using namespace usrc;
 using namespace usrc::rc;
 
 namespace {
+
+// Catch2 2 has no SKIP: a part that cannot run here says so, and fails
+// in CI (CI=true), where every backend and the kernel's GSO must be tested.
+void skipped(const std::string &why) {
+  const char *ci = getenv("CI");
+  if (ci && std::string(ci) == "true") FAIL("skipped in CI: " << why);
+  WARN("skipped: " << why);
+}
 
 uint64_t wall_ns() {
   timespec ts;
@@ -68,7 +78,7 @@ void run_backend(const char *name, Opener open, Mode mode = {}) {
   std::string err;
   auto na = open(ea, &err), nb = na ? open(eb, &err) : nullptr;
   if (!na || !nb) {
-    WARN("backend " << name << " skipped: " << err);
+    skipped(std::string("backend ") + name + ": " + err);
     return;
   }
   NoMem mem;
@@ -201,7 +211,7 @@ TEST_CASE("udp backend: a GSO send arrives as its datagrams, with GRO or without
   REQUIRE(gro);
   REQUIRE(plain);
   if (tx->gso_segments() < 2) {
-    WARN("the kernel refused UDP_SEGMENT: GSO not tested");
+    skipped("the kernel refused UDP_SEGMENT: GSO not tested");
     return;
   }
   CHECK(plain->gso_segments() == 1);
@@ -240,7 +250,7 @@ TEST_CASE("transport over the ofi backend (libfabric udp provider)", "[nic]") {
     return net::open_ofi_nic(e, "udp", 32, &max, &en, err);
   });
 #else
-  WARN("backend ofi skipped: built without libfabric");
+  skipped("backend ofi: built without libfabric");
 #endif
 }
 

@@ -187,6 +187,7 @@ class Engine {
   void go_back_n(Qp &qp, uint32_t psn);
   static uint64_t wqe_of(Qp &qp, uint32_t psn);
   bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
+  void time_round_trip(Qp &qp, uint32_t psn);
   void sel_acked(Qp &qp);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
   void update_gate(Qp &qp, bool live = true);

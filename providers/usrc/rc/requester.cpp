@@ -80,15 +80,20 @@ void Engine::requester_tx(Qp &qp) {
   if (qp.comp.una_psn != qp.req.tx_high && !qp.comp.ack_deadline) arm_retransmit(qp);
 }
 
+// A first sending of psn: its round trip is timed unless one is being
+// timed already (never a resend's: Karn).
+void Engine::time_round_trip(Qp &qp, uint32_t psn) {
+  if (qp.comp.rtt_on) return;
+  qp.comp.rtt_on = true;
+  qp.comp.rtt_sent = stamp();
+  qp.comp.rtt_psn = psn;
+}
+
 // The requester's state after the packets [tx_psn, next) of w were built.
 void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
   if (psn_diff(next, qp.req.tx_high) > 0) {
     qp.req.tx_high = next;
-    if (!qp.comp.rtt_on) {   // time one packet's round trip (never a resend)
-      qp.comp.rtt_on = true;
-      qp.comp.rtt_sent = stamp();
-      qp.comp.rtt_psn = qp.req.tx_psn;
-    }
+    time_round_trip(qp, qp.req.tx_psn);
   } else {
     count(Counter::retransmits);
   }
@@ -240,11 +245,7 @@ void Engine::sent_run(Qp &qp, uint32_t k) {
   const uint32_t from = qp.req.tx_psn, to = psn_add(from, k);
   const int32_t fresh = std::min<int32_t>(psn_diff(to, qp.req.tx_high), static_cast<int32_t>(k));
   if (fresh > 0) {
-    if (!qp.comp.rtt_on) {   // time one packet's round trip (never a resend)
-      qp.comp.rtt_on = true;
-      qp.comp.rtt_sent = stamp();
-      qp.comp.rtt_psn = psn_add(to, kPsnMask + 1 - static_cast<uint32_t>(fresh));
-    }
+    time_round_trip(qp, psn_add(to, kPsnMask + 1 - static_cast<uint32_t>(fresh)));
     qp.req.tx_high = to;
   }
   if (static_cast<int32_t>(k) > fresh) count(Counter::retransmits, k - std::max(fresh, 0));

@@ -19,8 +19,9 @@ for t in rc_bw rc_bi_bw rc_lat rc_rdma_read_bw rc_rdma_read_lat rc_rdma_write_bw
          ver_rc_compare_swap ver_rc_fetch_add; do
   out=$(timeout 60 "$USRC" exec -- qperf -lp $port -t 1 -i qp0:1 127.0.0.1 $t 2>&1) ||
     { echo "$out"; fail "qperf $t"; }
-  # A result line: "bw = N MB/sec", "latency = N us" or "msg_rate = N K/sec".
-  line=$(echo "$out" | grep -E '^ +(bw|latency|msg_rate) += +[0-9.]+ ') ||
+  # A result line: "bw = N MB/sec", "latency = N us" or "msg_rate = N K/sec"
+  # (qperf groups thousands: "1,000 K/sec").
+  line=$(echo "$out" | grep -E '^ +(bw|latency|msg_rate) += +[0-9][0-9.,]* ') ||
     { echo "$out"; fail "qperf $t: no result"; }
   note "$t: $(echo $line)"
 done

@@ -1827,6 +1827,7 @@ TEST_CASE("multi-packet RDMA WRITEs racing ibv_dereg_mr: nothing lands after it 
     got = ibv_poll_cq(a.cq, 1, &first);
   REQUIRE(got == 1);
   REQUIRE(first.status == IBV_WC_SUCCESS);
+  const uint32_t md_rkey = md->rkey;
   REQUIRE(ibv_dereg_mr(md) == 0);
   const std::vector<uint8_t> snap = dst;
   // Every WRITE completes: the ones before the deregistration with
@@ -1836,6 +1837,16 @@ TEST_CASE("multi-packet RDMA WRITEs racing ibv_dereg_mr: nothing lands after it 
   REQUIRE(more.size() == kWrites - 1);
   size_t i = 0;
   while (i < more.size() && more[i].status == IBV_WC_SUCCESS) i++;
+  if (i == more.size()) {
+    // The whole stream was done before the deregistration (a slow or busy
+    // test thread): one WRITE more, posted after it, must be refused.
+    ibv_sge s{uintptr_t(src.data()), uint32_t(kMsg), ms->lkey};
+    REQUIRE(post_send(a.qp, kWrites, IBV_WR_RDMA_WRITE, &s, 1, IBV_SEND_SIGNALED,
+                      uintptr_t(dst.data()), md_rkey) == 0);
+    auto last = poll(a.cq, 1, 60);
+    REQUIRE(last.size() == 1);
+    more.push_back(last[0]);
+  }
   REQUIRE(i < more.size());
   CHECK(remote_error(more[i].status, IBV_WC_REM_ACCESS_ERR));
   for (i++; i < more.size(); i++) CHECK(more[i].status == IBV_WC_WR_FLUSH_ERR);

@@ -36,11 +36,13 @@ for t in $bw $lat; do
   runs+=("$t --use_old_post_send" "wr: $t")
   if [[ $t == ib_atomic_* ]]; then runs+=("wr: $t -A CMP_AND_SWAP"); else runs+=("wr: $t -a"); fi
 done
+# Receives from a shared receive queue.
+runs+=("ib_send_bw --use-srq" "ib_send_bw --use-srq -q 4" "ib_send_bw --use-srq -a" "ib_send_lat --use-srq")
 if [ -n "$SUBSET" ]; then
   runs=("ib_send_bw" "ib_send_bw -e" "ib_write_bw -q 4" "ib_read_bw -b" "ib_write_lat" "ib_send_lat -e"
         "ib_atomic_bw" "ib_atomic_lat -A CMP_AND_SWAP" "ib_read_lat" "ib_send_bw -a -n 100"
         "ib_write_bw --use_old_post_send" "wr: ib_write_bw -q 4" "wr: ib_read_bw"
-        "wr: ib_atomic_bw -A CMP_AND_SWAP" "wr: ib_send_lat")
+        "wr: ib_atomic_bw -A CMP_AND_SWAP" "wr: ib_send_lat" "ib_send_bw --use-srq -q 4" "ib_send_lat --use-srq")
 fi
 
 port=$((20000 + RANDOM % 10000))

@@ -87,8 +87,13 @@ void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
     case rc::QpEvent::req_err: t = IBV_EVENT_QP_REQ_ERR; break;
     case rc::QpEvent::access_err: t = IBV_EVENT_QP_ACCESS_ERR; break;
     case rc::QpEvent::sq_drained: t = IBV_EVENT_SQ_DRAINED; break;
+    case rc::QpEvent::last_wqe: t = IBV_EVENT_QP_LAST_WQE_REACHED; break;
   }
   async_event(&static_cast<Qp *>(qp.user)->vqp.qp, t);
+}
+
+void Context::srq_event(rc::RecvQueue &q) {
+  if (q.user) async_event(&static_cast<Srq *>(q.user)->vsrq.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
 uint32_t Context::add_mr(Mr *mr) {

@@ -14,18 +14,22 @@ static rc::QpState to_rc(ibv_qp_state s) { return static_cast<rc::QpState>(s); }
 static_assert(int(rc::QpState::sqe) == IBV_QPS_SQE && int(rc::QpState::err) == IBV_QPS_ERR);
 
 ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
-  if (ia->qp_type != IBV_QPT_RC || ia->srq) {
-    errno = EOPNOTSUPP;   // UC, UD and SRQs are not implemented (README)
-    return nullptr;
-  }
-  ibv_qp_cap &cap = ia->cap;
-  if (!ia->send_cq || !ia->recv_cq || cap.max_send_wr > rc::kMaxWr ||
-      cap.max_recv_wr > rc::kMaxWr || cap.max_send_sge > rc::kMaxSge ||
-      cap.max_recv_sge > rc::kMaxSge || cap.max_inline_data > rc::kMaxInline) {
-    errno = EINVAL;
+  if (ia->qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;   // UC and UD are not implemented (README)
     return nullptr;
   }
   Context &c = impl(ibpd->context);
+  Srq *srq = ia->srq ? to_srq(ia->srq) : nullptr;
+  ibv_qp_cap &cap = ia->cap;
+  // (On an SRQ the receive capacities are the SRQ's: ignored.)
+  if (srq) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (!ia->send_cq || !ia->recv_cq || cap.max_send_wr > rc::kMaxWr ||
+      cap.max_recv_wr > rc::kMaxWr || cap.max_send_sge > rc::kMaxSge ||
+      cap.max_recv_sge > rc::kMaxSge || cap.max_inline_data > rc::kMaxInline ||
+      (srq && srq->ctx != &c)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   auto *qp = new (std::nothrow) Qp{};
   if (!qp) {
     errno = ENOMEM;
@@ -33,9 +37,9 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   }
   // Report what the QP really has (the caller reads it back).
   cap.max_send_wr = std::max(cap.max_send_wr, 1u);
-  cap.max_recv_wr = std::max(cap.max_recv_wr, 1u);
+  cap.max_recv_wr = srq ? 0 : std::max(cap.max_recv_wr, 1u);
   cap.max_send_sge = rc::kMaxSge;
-  cap.max_recv_sge = rc::kMaxSge;
+  cap.max_recv_sge = srq ? 0 : rc::kMaxSge;
   cap.max_inline_data = rc::kMaxInline;
   {
     std::lock_guard g(c.engine().mu);
@@ -52,6 +56,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     qp->t->send_cq = &to_cq(ia->send_cq)->ring;
     qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
     qp->t->sq_sig_all = ia->sq_sig_all;
+    if (srq) c.engine().use_srq(*qp->t, &srq->q);
   }
   qp->ctx = &c;
   qp->init = *ia;
@@ -61,7 +66,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   q.pd = ibpd;
   q.send_cq = ia->send_cq;
   q.recv_cq = ia->recv_cq;
-  q.srq = nullptr;
+  q.srq = ia->srq;
   q.qp_num = qp->t->qpn;
   q.qp_type = IBV_QPT_RC;
   q.state = IBV_QPS_RESET;
@@ -73,6 +78,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   to_pd(ibpd)->users++;
   to_cq(ia->send_cq)->qps++;
   to_cq(ia->recv_cq)->qps++;
+  if (srq) srq->qps++;
   return &q;
 }
 
@@ -118,6 +124,7 @@ int destroy_qp(ibv_qp *ibqp) {
   to_pd(ibqp->pd)->users--;
   to_cq(ibqp->send_cq)->qps--;
   to_cq(ibqp->recv_cq)->qps--;
+  if (ibqp->srq) to_srq(ibqp->srq)->qps--;
   delete qp;
   return 0;
 }
@@ -429,6 +436,12 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   return err;
 }
 
+bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *w, uint64_t *len) {
+  w->wr_id = wr.wr_id;
+  w->num_sge = static_cast<uint32_t>(wr.num_sge);
+  return map_sges(c, pd, wr.sg_list, wr.num_sge, w->sge, true, len);
+}
+
 // The general path: a list of WRs, any number of SGEs, and every error.
 [[gnu::noinline]] static int post_recv_list(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Context &c = *qp->ctx;
@@ -438,8 +451,9 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   {
     std::lock_guard g(e.mu);
     for (; wr; wr = wr->next) {
+      // (A QP on an SRQ takes the SRQ's receives: ibv_post_srq_recv.)
       if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge) ||
-          qp->t->state == rc::QpState::reset) {
+          qp->t->state == rc::QpState::reset || qp->vqp.qp.srq) {
         err = EINVAL;
         break;
       }
@@ -448,10 +462,8 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
         err = ENOMEM;
         break;
       }
-      w->wr_id = wr->wr_id;
-      w->num_sge = static_cast<uint32_t>(wr->num_sge);
       uint64_t len;
-      if (!map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, true, &len)) {
+      if (!map_recv_sges(c, pd, *wr, w, &len)) {
         e.post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err, true);
         continue;
       }
@@ -469,7 +481,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // which says why.
 int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Qp *qp = to_qp(ibqp);
-  if (!wr || wr->next || wr->num_sge != 1) return post_recv_list(qp, wr, bad);
+  if (!wr || wr->next || wr->num_sge != 1 || ibqp->srq) return post_recv_list(qp, wr, bad);
   Context &c = *qp->ctx;
   const ibv_sge &sge = wr->sg_list[0];
   rc::Engine &e = c.engine();

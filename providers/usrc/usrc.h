@@ -71,6 +71,15 @@ constexpr size_t kMaxDmSize = 1 << 20;
 
 class Context;
 
+// A shared receive queue (srq.cpp): its WQEs are the transport's
+// (rc::RecvQueue), taken by the QPs created on it.
+struct Srq {
+  verbs_srq vsrq;              // first: ibv_srq* converts to Srq*
+  Context *ctx;
+  rc::RecvQueue q;             // guarded by the engine's lock
+  std::atomic<uint32_t> qps{0};
+};
+
 struct Cq {
   verbs_cq vcq;                // first: ibv_cq* converts to Cq*
   Context *ctx;
@@ -161,6 +170,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
                    uint32_t access) override;
   void qp_event(rc::Qp &qp, rc::QpEvent ev) override;
+  void srq_event(rc::RecvQueue &q) override;
 
  private:
   Context() = default;
@@ -208,6 +218,7 @@ inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
 inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
+inline Srq *to_srq(ibv_srq *s) { return reinterpret_cast<Srq *>(s); }
 
 // The casts above, and those of device.cpp (Device), pd_mr.cpp (Dm) and
 // cq.cpp (ibv_cq_ex), take a libibverbs object for ours: each of ours
@@ -228,6 +239,8 @@ static_assert(offsetof(verbs_cq, cq) == 0 && offsetof(verbs_cq, cq_ex) == 0);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Winvalid-offsetof"
 static_assert(!std::is_polymorphic_v<Cq> && offsetof(Cq, vcq) == 0);
+// (Srq likewise: its queue mixes public and private members.)
+static_assert(!std::is_polymorphic_v<Srq> && offsetof(Srq, vsrq) == 0 && offsetof(verbs_srq, srq) == 0);
 #pragma GCC diagnostic pop
 uint64_t now_ns();   // progress.cpp: CLOCK_MONOTONIC, the engine's clock
 
@@ -269,6 +282,17 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 // qp_ex.cpp: the ibv_wr_* builders of a QP created with send_ops_flags.
 int init_qp_ex(Qp *qp, uint64_t send_ops_flags);
 void async_event_op(ibv_context *, ibv_async_event *);
+
+// srq.cpp: shared receive queues.
+ibv_srq *create_srq(ibv_pd *, ibv_srq_init_attr *);
+ibv_srq *create_srq_ex(ibv_context *, ibv_srq_init_attr_ex *);
+int modify_srq(ibv_srq *, ibv_srq_attr *, int);
+int query_srq(ibv_srq *, ibv_srq_attr *);
+int destroy_srq(ibv_srq *);
+int post_srq_recv(ibv_srq *, ibv_recv_wr *, ibv_recv_wr **);
+// One receive WR's SGEs checked against the PD and mapped (qp.cpp);
+// false: an lkey, bounds or access check failed.
+bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *out, uint64_t *len);
 
 // channel.cpp: completion channels of usrc contexts.
 int channel_writer(ibv_comp_channel *ch);   // -1 if not one of ours

@@ -45,6 +45,8 @@ struct Mem final : MemoryAccess {
 struct Events final : EngineHooks {
   std::vector<QpEvent> seen;
   void qp_event(Qp &, QpEvent ev) override { seen.push_back(ev); }
+  std::vector<RecvQueue *> srq_limits;
+  void srq_event(RecvQueue &q) override { srq_limits.push_back(&q); }
 };
 
 struct Side {

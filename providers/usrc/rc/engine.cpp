@@ -41,7 +41,7 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     qp->qpn = (slot_ << kQpnIndexBits) | i;
     qp->sq_cap = max_send_wr ? max_send_wr : 1;
     qp->sq.init(qp->sq_cap + kPlacedSlack);
-    qp->rq.init(max_recv_wr ? max_recv_wr : 1);
+    qp->own_rq.init(max_recv_wr ? max_recv_wr : 1);
     live_.reserve(live_.size() + 1);
     qps_[i] = qp.get();
     live_.push_back(qp.get());
@@ -55,6 +55,8 @@ void Engine::destroy_qp(Qp *qp) {
   tx_flush();   // held ACKs
   update_gate(*qp, false);   // nothing is placed into a destroyed QP
   drop_held(*qp);
+  qp->rq = &qp->own_rq;   // (an SRQ may go once the QP has: a lingering QP takes no receives)
+  qp->resp.has_cur = false;
   bool responded = qp->resp.comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) return reap(qp);
@@ -142,7 +144,8 @@ void Engine::set_state(Qp &qp, QpState s) {
   switch (s) {
     case QpState::reset:
       qp.sq.clear();
-      qp.rq.clear();
+      if (!qp.on_srq()) qp.rq->clear();
+      qp.resp.has_cur = false;
       qp.local.placed = 0;
       qp.req.tx_pos = 0;
       qp.resp.msn = 0;
@@ -169,7 +172,10 @@ void Engine::set_state(Qp &qp, QpState s) {
       tx_flush();
       break;
     case QpState::err:
-      if (old != QpState::err) flush_queues(qp);
+      if (old != QpState::err) {
+        flush_queues(qp);
+        if (qp.on_srq() && hooks_) hooks_->qp_event(qp, QpEvent::last_wqe);
+      }
       drop_held(qp);
       break;
     case QpState::sqd:
@@ -213,11 +219,15 @@ void Engine::flush_queues(Qp &qp) {
   }
   qp.req.tx_pos = qp.sq.head;
   qp.local.placed = 0;
-  for (; !qp.rq.empty(); qp.rq.pop()) {
-    RecvWqe &r = qp.rq.front();
-    push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0,
-                      qp.qpn, 0, 0, now});
-  }
+  // The receive WQE a message took, and the QP's own queue (an SRQ's WQEs
+  // stay for its other QPs).
+  auto flush = [&](const RecvWqe &r) {
+    push(qp.recv_cq, {r.wr.wr_id, WcStatus::wr_flush_err, WcOpcode::recv, false, false, 0, 0, qp.qpn, 0, 0, now});
+  };
+  if (qp.resp.has_cur) flush(qp.resp.cur);
+  qp.resp.has_cur = false;
+  if (!qp.on_srq())
+    for (; !qp.rq->empty(); qp.rq->pop()) flush(qp.rq->front());
   qp.resp.in_msg = false;
 }
 
@@ -315,6 +325,20 @@ bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
   iovec iov[kMaxSge];
   for (uint32_t i = 0; i < wr.num_sge; i++) iov[i] = {wr.sge[i].addr, wr.sge[i].length};
   return lp_->place(qp.attr.peer, qp.attr.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
+}
+
+void Engine::srq_limit(RecvQueue &q) {
+  q.limit = 0;
+  if (hooks_) hooks_->srq_event(q);
+}
+
+void Engine::resize(RecvQueue &q, uint32_t n) {
+  RecvQueue r;
+  r.init(n);   // (out of memory: std::bad_alloc, q unchanged)
+  for (; !q.empty(); q.pop(), r.push()) r.back() = q.front();
+  r.user = q.user;
+  r.limit = q.limit;
+  q = std::move(r);
 }
 
 void Engine::post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv) {

@@ -34,9 +34,13 @@ struct MemoryAccess {
 };
 
 // Events the owner delivers as verbs async events.
-enum class QpEvent { comm_est, fatal, req_err, access_err, sq_drained };
+// last_wqe: a QP on an SRQ entered the Error state: it takes no more of
+// the SRQ's WQEs (IBA 11.6.3.1, Last WQE Reached).
+enum class QpEvent { comm_est, fatal, req_err, access_err, sq_drained, last_wqe };
 struct EngineHooks {
   virtual void qp_event(Qp &, QpEvent) = 0;
+  // An SRQ's limit was reached (RecvQueue::limit); it is disarmed.
+  virtual void srq_event(RecvQueue &) = 0;
  protected:
   ~EngineHooks() = default;
 };
@@ -113,14 +117,24 @@ class Engine {
   }
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
   int post_recv(Qp &qp, const RecvWr &wr);
-  // As send_slot/post_slot; the QP must not be in RESET.
-  RecvWr *recv_slot(Qp &qp) { return qp.rq.full() ? nullptr : &qp.rq.back().wr; }
-  void post_recv_slot(Qp &qp, uint64_t len) {   // (inline: every receive of a stream takes it)
-    RecvWqe &r = qp.rq.back();
+  // As send_slot/post_slot, into a QP's own receive queue (not in RESET)
+  // or a shared one (an SRQ).
+  static RecvWr *recv_slot(RecvQueue &q) { return q.full() ? nullptr : &q.back().wr; }
+  RecvWr *recv_slot(Qp &qp) { return recv_slot(*qp.rq); }
+  static void post_recv_slot(RecvQueue &q, uint64_t len) {   // (inline: every receive of a stream takes it)
+    RecvWqe &r = q.back();
     r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
-    qp.rq.push();
+    q.push();
+  }
+  void post_recv_slot(Qp &qp, uint64_t len) {
+    post_recv_slot(*qp.rq, len);
     if (qp.state == QpState::err) flush_queues(qp);
   }
+  // A QP takes its receives from the SRQ q from now (created on it), or
+  // from its own queue again (q nullptr: destroyed, it takes none).
+  void use_srq(Qp &qp, RecvQueue *q) { qp.rq = q ? q : &qp.own_rq; }
+  // Resizes a shared receive queue to n WQEs (at least those it holds).
+  static void resize(RecvQueue &q, uint32_t n);
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the
@@ -310,13 +324,40 @@ class Engine {
                         qp.attr.dlid, stamp()});
     }
   }
-  // The same for the head, into the CQ, popped.
+  // The same for the receive WQE a request goes into (recv_wqe), into
+  // the CQ, released.
   void complete_recv(Qp &qp, WcStatus st, WcOpcode op, uint32_t len, bool imm, uint32_t imm_be,
                      bool solicited) {
     RecvSink none;
-    complete_recv(qp, none, qp.rq.front(), st, op, len, imm, imm_be, solicited);
-    qp.rq.pop();
+    complete_recv(qp, none, *recv_wqe(qp), st, op, len, imm, imm_be, solicited);
+    release_recv(qp);
   }
+  // The receive WQE recv_wqe() gave completed: off the queue, or no more
+  // the message's.
+  void release_recv(Qp &qp) {
+    if (qp.resp.has_cur) qp.resp.has_cur = false;
+    else took_recv(qp, 1);
+  }
+  // The receive WQE a SEND's (or WRITE with immediate's) packet goes
+  // into: the one its message took, or the queue's head; nullptr: none.
+  static RecvWqe *recv_wqe(Qp &qp) {
+    return qp.resp.has_cur ? &qp.resp.cur : qp.rq->empty() ? nullptr : &qp.rq->front();
+  }
+  // A multi-packet SEND's first packet: its WQE comes off the queue.
+  void take_recv(Qp &qp) {
+    copy_wr(qp.resp.cur.wr, qp.rq->front().wr);
+    qp.resp.cur.length = qp.rq->front().length;
+    qp.resp.has_cur = true;
+    took_recv(qp, 1);
+  }
+  // n WQEs came off the head of the QP's receive queue: an SRQ's limit
+  // may be reached.
+  void took_recv(Qp &qp, uint32_t n) {
+    RecvQueue &q = *qp.rq;
+    q.pop(n);
+    if (q.limit && q.size() < q.limit) [[unlikely]] srq_limit(q);
+  }
+  void srq_limit(RecvQueue &q);
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);
   void drop_held(Qp &qp);

@@ -83,6 +83,17 @@ struct Ring {
   uint32_t hi = 0, ti = 0;   // the slots of head and tail
 };
 
+// A receive queue: a QP's own, or a shared one (SRQ) that QPs of the
+// context take from. A SEND message takes its WQE off the queue at its
+// first packet (RespState::cur): a shared queue's head is no one QP's.
+struct RecvQueue : Ring<RecvWqe> {
+  void *user = nullptr;   // the verbs SRQ (a shared queue's owner)
+  // SRQ limit (IBA 10.2.9.3): fewer WQEs than this left raise
+  // IBV_EVENT_SRQ_LIMIT_REACHED once; 0: disarmed.
+  uint32_t limit = 0;
+  uint32_t size() const { return static_cast<uint32_t>(tail - head); }
+};
+
 // What modify_qp sets (the QP context, IBA 11.2.4.2): the verbs glue
 // checks it and hands it over whole (Engine::modify); the engines only
 // read it.
@@ -187,6 +198,10 @@ struct RespState {
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)
   uint32_t recv_offset = 0;
+  // The receive WQE of the SEND message being received (has_cur), taken
+  // off the receive queue at its first packet.
+  RecvWqe cur;
+  bool has_cur = false;
   // Executed ATOMICs, kept to answer duplicates: a duplicate ATOMIC returns
   // the saved result and is never executed again (IBA 9.7.5.2.2).
   struct AtomicRes {
@@ -224,6 +239,9 @@ struct LocalPath {
 };
 
 struct Qp {
+  Qp() = default;
+  Qp(const Qp &) = delete;     // (rq may point into it)
+  Qp &operator=(const Qp &) = delete;
   uint32_t qpn = 0;
   QpState state = QpState::reset;
   bool sq_sig_all = false;
@@ -238,7 +256,9 @@ struct Qp {
   QpAttrs attr;
 
   Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
-  Ring<RecvWqe> rq;
+  RecvQueue own_rq;            // (unused on an SRQ)
+  RecvQueue *rq = &own_rq;     // the receive queue: own_rq or an SRQ's
+  bool on_srq() const { return rq != &own_rq; }
   uint32_t sq_cap = 1;         // WQEs the application may have outstanding
   // Room for this many more send WRs (placed ones do not count).
   uint32_t send_room() const {

@@ -157,11 +157,11 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   uint64_t bytes = 0;
   const uint32_t pmtu = qp->attr.pmtu;
   // (None posted: the general path sends the RNR NAK, check_resource.)
-  const size_t most = std::min<uint64_t>(n, qp->rq.tail - qp->rq.head);
+  const size_t most = std::min<uint64_t>(n, qp->rq->size());
   RecvSink sink = recv_sink(*qp);
   const net::Endpoint src = pkts[0].src;   // (from_peer: the run takes only this source)
   // The receives, walked by pointer and popped together.
-  const RecvWqe *r = &qp->rq.front(), *const rq_begin = qp->rq.begin_slots(), *const rq_end = qp->rq.end_slots();
+  const RecvWqe *r = &qp->rq->front(), *const rq_begin = qp->rq->begin_slots(), *const rq_end = qp->rq->end_slots();
   size_t k = 0;
   for (; k < most; k++) {
     const net::RxPacket &pkt = pkts[k];
@@ -196,7 +196,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     bytes += pkt.len;
     if (++r == rq_end) r = rq_begin;
   }
-  qp->rq.pop(static_cast<uint32_t>(k));
+  if (k) took_recv(*qp, static_cast<uint32_t>(k));
   recv_sink_done(sink);
   if (!k) return 0;
   count(Counter::rx_packets, k);
@@ -372,13 +372,14 @@ Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
 // is RNR; a SEND longer than the receive buffer completes that WQE with a
 // local length error and is an invalid request (class C).
 Engine::RespStep Engine::check_resource(Qp &qp, Request &r) {
-  if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && qp.rq.empty()) {
+  if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && !recv_wqe(qp)) {
     r.err = RespErr::rnr;
     return RespStep::error;
   }
   if (!r.is_send) return RespStep::check_rkey;
   if (r.first) qp.resp.recv_offset = 0;
-  if (static_cast<uint64_t>(qp.resp.recv_offset) + r.len > qp.rq.front().length) {
+  if (r.first && !r.last) take_recv(qp);
+  if (static_cast<uint64_t>(qp.resp.recv_offset) + r.len > recv_wqe(qp)->length) {
     complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
     return RespStep::error;   // (inv_req)
   }
@@ -409,7 +410,7 @@ Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
 
 Engine::RespStep Engine::execute(Qp &qp, Request &r) {
   if (r.is_send) {
-    if (execute_send(qp, qp.rq.front(), qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
+    if (execute_send(qp, *recv_wqe(qp), qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
     // The receive buffer was unmapped: the WQE completes with a local
     // protection error, the requester gets a remote operational error.
     complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
@@ -441,8 +442,8 @@ Engine::RespStep Engine::complete(Qp &qp, Request &r) {
   const wire::Headers &h = r.v.p.h;
   if (r.is_send) {
     RecvSink none;
-    complete_send(qp, none, qp.rq.front(), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
-    if (r.last) qp.rq.pop();
+    complete_send(qp, none, *recv_wqe(qp), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
+    if (r.last) release_recv(qp);
   } else if (!r.placed) {
     qp.resp.in_msg = !r.last;
     qp.resp.in_send = false;

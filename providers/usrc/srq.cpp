@@ -1,0 +1,129 @@
+// Shared receive queues (IBA 10.2.9): the WQEs live in an rc::RecvQueue
+// that the QPs created on the SRQ take from (rc::Qp::rq); the engine's lock
+// guards it.
+#include <cerrno>
+#include <new>
+
+#include "usrc/boundary.h"
+#include "usrc/usrc.h"
+
+namespace usrc {
+
+ibv_srq *create_srq(ibv_pd *ibpd, ibv_srq_init_attr *ia) {
+  ibv_srq_attr &a = ia->attr;
+  if (a.max_wr > rc::kMaxWr || a.max_sge > rc::kMaxSge) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Context &c = impl(ibpd->context);
+  auto *srq = new (std::nothrow) Srq{};
+  if (!srq) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  int e = ENOMEM;
+  if (!no_throw([&] { srq->q.init(std::max(a.max_wr, 1u)); }, &e)) {
+    delete srq;
+    errno = e;
+    return nullptr;
+  }
+  srq->ctx = &c;
+  srq->q.user = srq;
+  srq->vsrq.srq_type = IBV_SRQT_BASIC;
+  // (libibverbs' ibv_create_srq sets these too; ibv_create_srq_ex's way
+  // to us does not.)
+  ibv_srq &s = srq->vsrq.srq;
+  s.context = ibpd->context;
+  s.pd = ibpd;
+  s.srq_context = ia->srq_context;
+  s.events_completed = 0;
+  pthread_mutex_init(&s.mutex, nullptr);
+  pthread_cond_init(&s.cond, nullptr);
+  // What the SRQ really has (the caller reads it back); srq_limit is set
+  // by modify_srq only.
+  a.max_wr = srq->q.capacity();
+  a.max_sge = rc::kMaxSge;
+  to_pd(ibpd)->users++;
+  return &s;
+}
+
+ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
+  // Basic SRQs (XRC and tag-matching ones are not implemented).
+  constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ;
+  if ((ia->comp_mask & ~kKnown) ||
+      ((ia->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && ia->srq_type != IBV_SRQT_BASIC)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (!(ia->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !ia->pd || ia->pd->context != ibctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_srq_init_attr a{ia->srq_context, ia->attr};
+  ibv_srq *s = create_srq(ia->pd, &a);
+  if (s) ia->attr = a.attr;
+  return s;
+}
+
+int modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask) {
+  Srq *srq = to_srq(ibsrq);
+  if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+  std::lock_guard g(srq->ctx->engine().mu);
+  rc::RecvQueue &q = srq->q;
+  // A new size holds what is posted; a limit is below the size, and not
+  // above what is posted (it would be reached at once).
+  const uint32_t size = (mask & IBV_SRQ_MAX_WR) ? attr->max_wr : q.capacity();
+  if ((mask & IBV_SRQ_MAX_WR) && (size > rc::kMaxWr || size < q.size() || size == 0)) return EINVAL;
+  if ((mask & IBV_SRQ_LIMIT) && (attr->srq_limit >= size || attr->srq_limit > q.size())) return EINVAL;
+  if ((mask & IBV_SRQ_MAX_WR) && size != q.capacity()) {
+    int e = ENOMEM;
+    if (!no_throw([&] { rc::Engine::resize(q, size); }, &e)) return e;
+  }
+  if (mask & IBV_SRQ_LIMIT) q.limit = attr->srq_limit;
+  return 0;
+}
+
+int query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr) {
+  Srq *srq = to_srq(ibsrq);
+  std::lock_guard g(srq->ctx->engine().mu);
+  attr->max_wr = srq->q.capacity();
+  attr->max_sge = rc::kMaxSge;
+  attr->srq_limit = srq->q.limit;
+  return 0;
+}
+
+int destroy_srq(ibv_srq *ibsrq) {
+  Srq *srq = to_srq(ibsrq);
+  if (srq->qps.load()) return EBUSY;   // QPs still take from it
+  to_pd(ibsrq->pd)->users--;
+  delete srq;
+  return 0;
+}
+
+// Receives are checked as a QP's are (map_recv_sges); one that fails a
+// check has no QP to complete on: it is refused with EINVAL, as are the
+// WRs after it.
+int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
+  Srq *srq = to_srq(ibsrq);
+  Context &c = *srq->ctx;
+  const Pd *pd = to_pd(ibsrq->pd);
+  int err = 0;
+  std::lock_guard g(c.engine().mu);
+  for (; wr; wr = wr->next) {
+    rc::RecvWr *w = rc::Engine::recv_slot(srq->q);
+    if (!w) {
+      err = ENOMEM;
+      break;
+    }
+    uint64_t len;
+    if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge) || !map_recv_sges(c, pd, *wr, w, &len)) {
+      err = EINVAL;
+      break;
+    }
+    rc::Engine::post_recv_slot(srq->q, len);
+  }
+  if (err && bad) *bad = wr;
+  return err;
+}
+
+}  // namespace usrc

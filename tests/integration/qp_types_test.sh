@@ -1,0 +1,52 @@
+#!/bin/bash
+# Stock programs on the queues beyond a plain RC QP's: shared receive
+# queues (ibv_srq_pingpong, perftest --use-srq), on loopback on both link
+# layers and between two network namespaces joined by a veth pair.
+# Usage: qp_types_test.sh USRC_CLI PROVIDER_SO
+USRC=$1 USRC_PROVIDER=$2
+. "$(dirname "$0")/lib.sh"
+need_tools ibv_srq_pingpong ib_send_bw
+[ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, namespaces)"; exit 77; }
+A=qtA$$ B=qtB$$
+new_root
+cleanup() {
+  "$USRC" link del qt_ib >/dev/null 2>&1; "$USRC" link del qt_roce >/dev/null 2>&1
+  ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
+  rm -rf "$USRC_ROOT" "${OUT:-/nonexistent}"*
+}
+trap cleanup EXIT
+"$USRC" link add qt_ib netdev lo port 35000 || fail "link add ib"
+"$USRC" link add qt_roce netdev lo type roce port 36000 || fail "link add roce"
+
+S="ibv_srq_pingpong -d qt_ib"
+run_pair "srq ib defaults -c"      "" "" 127.0.0.1 60 -- $S -c
+run_pair "srq ib 64 KB -c"         "" "" 127.0.0.1 120 -- $S -c -s 65536 -n 200
+run_pair "srq ib events (-e) -c"   "" "" 127.0.0.1 60 -- $S -e -c -n 300
+run_pair "srq ib 1 QP, rx-depth 4" "" "" 127.0.0.1 60 -- $S -q 1 -r 4 -c -n 2000
+run_pair "srq roce -c"             "" "" 127.0.0.1 60 -- ibv_srq_pingpong -d qt_roce -g 0 -c -s 20000 -n 300
+run_pair "ib_send_bw --use-srq -q 4" "" "" 127.0.0.1 120 -- ib_send_bw -d qt_ib --use-srq -q 4 -n 2000
+run_pair "ib_send_lat --use-srq"   "" "" 127.0.0.1 120 -- ib_send_lat -d qt_roce --use-srq -n 2000
+
+# Across hosts' stand-in: two namespaces, a device on each side.
+veth_pair $A $B qa$$ qb$$ 10.204.0
+ip netns exec $A "$USRC" link add qta netdev qa$$ port 37000 || fail "link add A"
+ip netns exec $B "$USRC" link add qtb netdev qb$$ port 37000 || fail "link add B"
+ip netns exec $A "$USRC" link add qra netdev qa$$ type roce port 38000 || fail "link add A roce"
+ip netns exec $B "$USRC" link add qrb netdev qb$$ type roce port 38000 || fail "link add B roce"
+# pair NAME TIMEOUT SERVER_DEV(B) CLIENT_DEV(A) PROGRAM ARGS...
+pair() {
+  local name=$1 tmo=$2 sdev=$3 cdev=$4 port; port=$(pick_port); shift 4
+  OUT=$(mktemp /tmp/usrc-out.XXXXXX)
+  ip netns exec $B timeout $tmo "$USRC" exec -- "$@" -d $sdev -p $port >"$OUT.srv" 2>&1 &
+  wait_listen $B $port || { cat "$OUT.srv"; fail "$name: server did not listen"; }
+  ip netns exec $A timeout $tmo "$USRC" exec -- "$@" -d $cdev -p $port 10.204.0.2 >"$OUT.cli" 2>&1
+  local crc=$?; wait $!; local src=$?
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "== server ($src):"; cat "$OUT.srv"; echo "== client ($crc):"; cat "$OUT.cli"; fail "$name"; }
+  note "$name: $(grep -h 'bytes in' "$OUT.cli" | head -1)"
+}
+pair "netns srq ib -c"          60 qtb qta ibv_srq_pingpong -c -s 16384 -n 300
+pair "netns srq roce -c"        60 qrb qra ibv_srq_pingpong -g 0 -c -n 500
+pair "netns ib_send_bw --use-srq" 120 qtb qta ib_send_bw --use-srq -q 2 -n 2000
+grep -h "^ 65536" "$OUT.cli"
+"$USRC" stats qta
+echo PASS

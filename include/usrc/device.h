@@ -109,7 +109,9 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them") \
   X(held, "request packets received beyond a gap, kept and taken in order once it was filled") \
   X(selective_resends, "sequence NAKs answered by resending the lost packet alone") \
-  X(probes, "oldest unacknowledged packets resent alone after a short silence")
+  X(probes, "oldest unacknowledged packets resent alone after a short silence") \
+  X(qkey_drops, "UD datagrams dropped: wrong Q_Key")                         \
+  X(no_recv_drops, "UD datagrams dropped: no receive posted")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

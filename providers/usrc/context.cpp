@@ -23,6 +23,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   c->engine_ = std::make_unique<rc::Engine>(std::move(dev), slot, cfg.base_port, now_ns,
                                             c.get(), c.get());
   c->engine_->max_window = window;
+  c->engine_->ud_grh_ipv4 = cfg.link_layer == LinkLayer::roce;
 
   c->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (c->wake_fd_ < 0 ||

@@ -152,7 +152,7 @@ static int drain(Cq *cq, int ne, ibv_wc *wc) {
     w.imm_data = c.with_imm ? c.imm_be : 0;
     w.qp_num = c.qp_num;
     w.src_qp = c.src_qp;
-    w.wc_flags = c.with_imm ? IBV_WC_WITH_IMM : 0;
+    w.wc_flags = (c.with_imm ? IBV_WC_WITH_IMM : 0) | (c.grh ? IBV_WC_GRH : 0);
     w.pkey_index = 0;
     w.slid = c.slid;
     w.sl = 0;
@@ -247,7 +247,9 @@ uint32_t read_byte_len(ibv_cq_ex *x) { return cur(x).byte_len; }
 __be32 read_imm_data(ibv_cq_ex *x) { return cur(x).imm_be; }
 uint32_t read_qp_num(ibv_cq_ex *x) { return cur(x).qp_num; }
 uint32_t read_src_qp(ibv_cq_ex *x) { return cur(x).src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex *x) { return cur(x).with_imm ? IBV_WC_WITH_IMM : 0; }
+unsigned int read_wc_flags(ibv_cq_ex *x) {
+  return (cur(x).with_imm ? IBV_WC_WITH_IMM : 0) | (cur(x).grh ? IBV_WC_GRH : 0);
+}
 uint32_t read_slid(ibv_cq_ex *x) { return cur(x).slid; }
 uint8_t read_sl(ibv_cq_ex *) { return 0; }
 uint8_t read_dlid_path_bits(ibv_cq_ex *) { return 0; }

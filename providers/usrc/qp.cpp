@@ -14,8 +14,8 @@ static rc::QpState to_rc(ibv_qp_state s) { return static_cast<rc::QpState>(s); }
 static_assert(int(rc::QpState::sqe) == IBV_QPS_SQE && int(rc::QpState::err) == IBV_QPS_ERR);
 
 ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
-  if (ia->qp_type != IBV_QPT_RC) {
-    errno = EOPNOTSUPP;   // UC and UD are not implemented (README)
+  if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;   // UC and XRC are not implemented (README)
     return nullptr;
   }
   Context &c = impl(ibpd->context);
@@ -56,6 +56,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     qp->t->send_cq = &to_cq(ia->send_cq)->ring;
     qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
     qp->t->sq_sig_all = ia->sq_sig_all;
+    qp->t->type = ia->qp_type == IBV_QPT_UD ? rc::QpType::ud : rc::QpType::rc;
     if (srq) c.engine().use_srq(*qp->t, &srq->q);
   }
   qp->ctx = &c;
@@ -68,7 +69,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   q.recv_cq = ia->recv_cq;
   q.srq = ia->srq;
   q.qp_num = qp->t->qpn;
-  q.qp_type = IBV_QPT_RC;
+  q.qp_type = ia->qp_type;
   q.state = IBV_QPS_RESET;
   q.events_completed = 0;
   pthread_mutex_init(&q.mutex, nullptr);
@@ -138,12 +139,14 @@ static bool ipv4_mapped(const ibv_gid &g, uint32_t *ip) {
   return *ip != 0;
 }
 
-// The peer's UDP endpoint from the address vector and the destination QPN:
-// the IP from the DGID (IPv4-mapped) or, on InfiniBand link layer, from the
-// DLID (include/usrc/device.h: the LID scheme); the port from the QPN's slot.
-static int resolve_peer(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t dest_qpn,
-                        net::Endpoint *peer) {
-  if (ah.port_num != 1) return EINVAL;
+// The peer's IP from an address vector: from the DGID (IPv4-mapped) or, on
+// InfiniBand link layer, from the DLID (include/usrc/device.h: the LID scheme).
+int resolve_ip(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t *ip_out) {
+  // The port's LMC is 0: no source path bits (IBA 7.11.1).
+  if (ah.port_num != 1 || ah.sl > 15 || ah.src_path_bits != 0 ||
+      (ah.static_rate && ibv_rate_to_mbps(ibv_rate(ah.static_rate)) <= 0) ||
+      (ah.is_global && ah.grh.flow_label > 0xfffff))
+    return EINVAL;
   uint32_t ip = 0;
   if (ah.is_global) {
     if (ah.grh.sgid_index >= cfg.gid_tbl_len) return EINVAL;
@@ -155,10 +158,34 @@ static int resolve_peer(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t
     if (ah.dlid == 0 || ah.dlid >= 0xc000) return EINVAL;
     ip = ipv4_for_lid(cfg.ipv4, ah.dlid);
   }
-  uint32_t slot = slot_of_qpn(dest_qpn);
-  if (slot == 0 || slot > kMaxSlots || cfg.base_port + slot > 65535) return EINVAL;
-  *peer = {ip, static_cast<uint16_t>(cfg.base_port + slot)};
+  *ip_out = ip;
   return 0;
+}
+
+// A QP's UDP port from its QPN's slot (0: no QP can have that QPN).
+static uint16_t port_of_qpn(const DeviceConfig &cfg, uint32_t qpn) {
+  const uint32_t slot = slot_of_qpn(qpn & wire::kMask24);
+  return slot == 0 || slot > kMaxSlots || cfg.base_port + slot > 65535 ? 0 : uint16_t(cfg.base_port + slot);
+}
+
+// The peer's UDP endpoint from the address vector and the destination QPN.
+static int resolve_peer(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t dest_qpn,
+                        net::Endpoint *peer) {
+  uint32_t ip;
+  if (int e = resolve_ip(cfg, ah, &ip)) return e;
+  const uint16_t port = port_of_qpn(cfg, dest_qpn);
+  if (!port) return EINVAL;
+  *peer = {ip, port};
+  return 0;
+}
+
+void path_of(const ibv_ah_attr &ah, uint8_t *tos, uint8_t *ttl, uint16_t *sport) {
+  // With a GRH, its traffic class is the IP TOS byte, its hop limit the
+  // TTL, its flow label the UDP source port (RoCE v2); without one, the SL
+  // is the DSCP.
+  *tos = ah.is_global ? ah.grh.traffic_class : uint8_t(ah.sl << 2);
+  *ttl = ah.is_global ? ah.grh.hop_limit : 0;
+  *sport = ah.is_global && ah.grh.flow_label ? uint16_t(0xc000 | (ah.grh.flow_label & 0x3fff)) : 0;
 }
 
 static uint32_t mtu_bytes(ibv_mtu m) { return 128u << m; }
@@ -171,7 +198,7 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   rc::Qp &t = *qp->t;
   auto cur = static_cast<ibv_qp_state>(t.state);
   ibv_qp_state next;
-  if (int e = check_modify_qp(cur, *attr, mask, &next)) return e;
+  if (int e = check_modify_qp(ibqp->qp_type, cur, *attr, mask, &next)) return e;
 
   // Values (checked before anything changes: a failed modify leaves the QP
   // as it was).
@@ -192,14 +219,6 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > rc::kMaxRdAtomic) return EINVAL;
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > rc::kMaxRdAtomic)
     return EINVAL;
-  if (mask & IBV_QP_AV) {
-    const ibv_ah_attr &ah = attr->ah_attr;
-    // The port's LMC is 0: no source path bits (IBA 7.11.1).
-    if (ah.sl > 15 || ah.src_path_bits != 0 ||
-        (ah.static_rate && ibv_rate_to_mbps(ibv_rate(ah.static_rate)) <= 0) ||
-        (ah.is_global && ah.grh.flow_label > 0xfffff))
-      return EINVAL;
-  }
   if ((mask & IBV_QP_RATE_LIMIT) && attr->rate_limit &&
       (attr->rate_limit < kMinRateLimitKbps || attr->rate_limit > kMaxRateLimitKbps))
     return EINVAL;
@@ -217,18 +236,13 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   rc::QpAttrs &ta = ch.attr;
   ta = t.attr;
   if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = attr->pkey_index;
+  if (mask & IBV_QP_QKEY) ta.qkey = s.qkey = attr->qkey;
   if (mask & IBV_QP_PORT) s.port_num = attr->port_num;
   if (mask & IBV_QP_ACCESS_FLAGS) ta.access = s.qp_access_flags = attr->qp_access_flags;
   if (mask & IBV_QP_AV) {
     s.ah_attr = attr->ah_attr;
-    const ibv_ah_attr &ah = attr->ah_attr;
-    ta.dlid = ah.dlid;
-    // The path on the wire: with a GRH, its traffic class is the IP TOS
-    // byte, its hop limit the TTL, its flow label the UDP source port (RoCE
-    // v2); without one, the SL is the DSCP.
-    ta.tos = ah.is_global ? ah.grh.traffic_class : uint8_t(ah.sl << 2);
-    ta.ttl = ah.is_global ? ah.grh.hop_limit : 0;
-    ta.sport = ah.is_global && ah.grh.flow_label ? uint16_t(0xc000 | (ah.grh.flow_label & 0x3fff)) : 0;
+    ta.dlid = attr->ah_attr.dlid;
+    path_of(attr->ah_attr, &ta.tos, &ta.ttl, &ta.sport);   // the path on the wire
   }
   if (mask & IBV_QP_RATE_LIMIT) s.rate_limit = attr->rate_limit;
   if (mask & (IBV_QP_AV | IBV_QP_RATE_LIMIT)) {
@@ -389,8 +403,56 @@ static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
               int(rc::WrOpcode::atomic_cmp_swp) == IBV_WR_ATOMIC_CMP_AND_SWP &&
               int(rc::WrOpcode::atomic_fetch_add) == IBV_WR_ATOMIC_FETCH_AND_ADD);
 
+// A send WR's SGEs into w (flags set): inline data is read at post time
+// and needs no lkey (IBA 10.7.2.1); other SGEs are checked and mapped
+// (write: the WR writes them, a READ or ATOMIC). False: a check failed.
+static inline bool send_sges(Context &c, const Pd *pd, const ibv_send_wr &wr, rc::SendWr *w, bool write) {
+  if (!(w->flags & rc::kInline)) return map_sges(c, pd, wr.sg_list, wr.num_sge, w->sge, write);
+  for (int i = 0; i < wr.num_sge; i++)
+    w->sge[i] = {reinterpret_cast<uint8_t *>(wr.sg_list[i].addr), wr.sg_list[i].length};
+  return true;
+}
+
+// UD: SENDs of one packet at most (the port's MTU), each sent at once to
+// its WR's address handle (of the QP's PD), QPN and Q_Key. A controlled
+// Q_Key (its high bit set) in the WR means the QP's own (IBA 10.2.4).
+static int post_ud_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
+  Context &c = *qp->ctx;
+  rc::Engine &e = c.engine();
+  const Pd *pd = to_pd(qp->vqp.qp.pd);
+  int err = 0;
+  for (; wr; wr = wr->next) {
+    uint64_t len;
+    if ((err = check_wr(qp, *wr, &len))) break;
+    const uint16_t port = port_of_qpn(c.cfg(), wr->wr.ud.remote_qpn);
+    if ((wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) || len > c.cfg().active_mtu ||
+        !wr->wr.ud.ah || wr->wr.ud.ah->pd != qp->vqp.qp.pd || !port) {
+      err = EINVAL;
+      break;
+    }
+    rc::SendWr w;
+    w.wr_id = wr->wr_id;
+    w.opcode = static_cast<rc::WrOpcode>(wr->opcode);
+    w.flags = wr->send_flags & (rc::kSignaled | rc::kSolicited | rc::kInline);
+    w.imm_be = wr->imm_data;
+    w.num_sge = static_cast<uint32_t>(wr->num_sge);
+    if (!send_sges(c, pd, *wr, &w, false)) {
+      e.post_error(*qp->t, wr->wr_id, rc::WcOpcode::send, rc::WcStatus::loc_prot_err, false);
+      continue;
+    }
+    rc::Engine::UdDest d = to_ah(wr->wr.ud.ah)->dest;
+    d.peer.port = port;
+    d.qpn = wr->wr.ud.remote_qpn & wire::kMask24;
+    d.qkey = (wr->wr.ud.remote_qkey & 0x80000000u) ? qp->t->attr.qkey : wr->wr.ud.remote_qkey;
+    e.post_datagram(*qp->t, w, static_cast<uint32_t>(len), d);
+  }
+  if (err && bad) *bad = wr;
+  return err;
+}
+
 // Each WR is written straight into its send queue slot (Engine::send_slot).
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
+  if (qp->t->type == rc::QpType::ud) return post_ud_send(qp, wr, bad);
   Context &c = *qp->ctx;
   rc::Engine &e = c.engine();
   const Pd *pd = to_pd(qp->vqp.qp.pd);
@@ -418,15 +480,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
       w->remote_va = wr->wr.rdma.remote_addr;
       w->rkey = wr->wr.rdma.rkey;
     }
-    // Inline data is read now and needs no lkey (IBA 10.7.2.1).
-    bool ok = true;
-    if (w->flags & rc::kInline) {
-      for (int i = 0; i < wr->num_sge; i++)
-        w->sge[i] = {reinterpret_cast<uint8_t *>(wr->sg_list[i].addr), wr->sg_list[i].length};
-    } else {
-      ok = map_sges(c, pd, wr->sg_list, wr->num_sge, w->sge, rd);
-    }
-    if (!ok) {
+    if (!send_sges(c, pd, *wr, w, rd)) {
       e.post_error(*qp->t, wr->wr_id, rc::wr_info(w->opcode).wc_opcode, rc::WcStatus::loc_prot_err, false);
       continue;
     }

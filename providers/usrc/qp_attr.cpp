@@ -1,7 +1,8 @@
-// The RC rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
+// The RC and UD rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
 // ibv_modify_qp man page): which transitions exist, which attributes each
 // one requires and which it allows. Pure: no side effects.
 #include <cerrno>
+#include <span>
 
 #include "usrc/usrc.h"
 
@@ -38,9 +39,22 @@ constexpr Rule kRules[] = {
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
 };
 
+// UD: no path, PSNs only to send, and the Q_Key.
+constexpr Rule kUdRules[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY},
+    {IBV_QPS_INIT, IBV_QPS_RTR, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+};
+
 }  // namespace
 
-int check_modify_qp(ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next) {
+int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next) {
   if (mask & IBV_QP_CUR_STATE) {
     // The application's idea of the current state must be right (SQE/RTS
     // are the only states it may name, IBA 11.2.4.2).
@@ -52,7 +66,7 @@ int check_modify_qp(ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_
   // Any state may go to RESET or ERR, with no other attribute.
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
     return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? EINVAL : 0;
-  for (const Rule &r : kRules) {
+  for (const Rule &r : type == IBV_QPT_UD ? std::span<const Rule>(kUdRules) : std::span<const Rule>(kRules)) {
     if (r.from != cur || r.to != to) continue;
     int given = mask & ~IBV_QP_STATE;
     if ((given & r.required) != r.required) return EINVAL;

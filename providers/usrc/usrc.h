@@ -71,6 +71,12 @@ constexpr size_t kMaxDmSize = 1 << 20;
 
 class Context;
 
+// An address handle (ah.cpp): where a UD QP's datagrams go, resolved once.
+struct Ah {
+  ibv_ah ah;                   // first: ibv_ah* converts to Ah*
+  rc::Engine::UdDest dest;     // the path; each WR adds the QPN and Q_Key
+};
+
 // A shared receive queue (srq.cpp): its WQEs are the transport's
 // (rc::RecvQueue), taken by the QPs created on it.
 struct Srq {
@@ -219,6 +225,7 @@ inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
 inline Srq *to_srq(ibv_srq *s) { return reinterpret_cast<Srq *>(s); }
+inline Ah *to_ah(ibv_ah *a) { return reinterpret_cast<Ah *>(a); }
 
 // The casts above, and those of device.cpp (Device), pd_mr.cpp (Dm) and
 // cq.cpp (ibv_cq_ex), take a libibverbs object for ours: each of ours
@@ -230,6 +237,7 @@ static_assert(std::is_standard_layout_v<VerbsContext> && offsetof(VerbsContext, 
 static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, pd) == 0);
 static_assert(std::is_standard_layout_v<Mr> && offsetof(Mr, vmr) == 0 && offsetof(verbs_mr, ibmr) == 0);
 static_assert(std::is_standard_layout_v<Dm> && offsetof(Dm, dm) == 0);
+static_assert(std::is_standard_layout_v<Ah> && offsetof(Ah, ah) == 0);
 static_assert(std::is_standard_layout_v<Qp> && offsetof(Qp, vqp) == 0 && offsetof(verbs_qp, qp) == 0 &&
               offsetof(verbs_qp, qp_ex) == 0 && offsetof(ibv_qp_ex, qp_base) == 0);
 static_assert(offsetof(verbs_cq, cq) == 0 && offsetof(verbs_cq, cq_ex) == 0);
@@ -283,6 +291,13 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 int init_qp_ex(Qp *qp, uint64_t send_ops_flags);
 void async_event_op(ibv_context *, ibv_async_event *);
 
+// qp.cpp: the IP an address vector names, and the path it asks for.
+int resolve_ip(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t *ip);
+void path_of(const ibv_ah_attr &ah, uint8_t *tos, uint8_t *ttl, uint16_t *sport);
+// ah.cpp: address handles.
+ibv_ah *create_ah(ibv_pd *, ibv_ah_attr *);
+int destroy_ah(ibv_ah *);
+
 // srq.cpp: shared receive queues.
 ibv_srq *create_srq(ibv_pd *, ibv_srq_init_attr *);
 ibv_srq *create_srq_ex(ibv_context *, ibv_srq_init_attr_ex *);
@@ -298,6 +313,6 @@ bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
 int channel_writer(ibv_comp_channel *ch);   // -1 if not one of ours
 
 // qp_attr.cpp: the IBA modify_qp rules, free of side effects.
-int check_modify_qp(ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next);
+int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr &attr, int mask, ibv_qp_state *next);
 
 }  // namespace usrc

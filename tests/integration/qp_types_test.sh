@@ -1,11 +1,12 @@
 #!/bin/bash
-# Stock programs on the queues beyond a plain RC QP's: shared receive
-# queues (ibv_srq_pingpong, perftest --use-srq), on loopback on both link
+# Stock programs on the QP types and queues beyond a plain RC QP's: shared
+# receive queues (ibv_srq_pingpong, perftest --use-srq) and UD QPs
+# (ibv_ud_pingpong, perftest -c UD, qperf ud_*), on loopback on both link
 # layers and between two network namespaces joined by a veth pair.
 # Usage: qp_types_test.sh USRC_CLI PROVIDER_SO
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
-need_tools ibv_srq_pingpong ib_send_bw
+need_tools ibv_srq_pingpong ibv_ud_pingpong ib_send_bw qperf
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, namespaces)"; exit 77; }
 A=qtA$$ B=qtB$$
 new_root
@@ -15,8 +16,8 @@ cleanup() {
   rm -rf "$USRC_ROOT" "${OUT:-/nonexistent}"*
 }
 trap cleanup EXIT
-"$USRC" link add qt_ib netdev lo port 35000 || fail "link add ib"
-"$USRC" link add qt_roce netdev lo type roce port 36000 || fail "link add roce"
+"$USRC" link add qt_ib netdev lo port 41000 || fail "link add ib"
+"$USRC" link add qt_roce netdev lo type roce port 42000 || fail "link add roce"
 
 S="ibv_srq_pingpong -d qt_ib"
 run_pair "srq ib defaults -c"      "" "" 127.0.0.1 60 -- $S -c
@@ -26,13 +27,30 @@ run_pair "srq ib 1 QP, rx-depth 4" "" "" 127.0.0.1 60 -- $S -q 1 -r 4 -c -n 2000
 run_pair "srq roce -c"             "" "" 127.0.0.1 60 -- ibv_srq_pingpong -d qt_roce -g 0 -c -s 20000 -n 300
 run_pair "ib_send_bw --use-srq -q 4" "" "" 127.0.0.1 120 -- ib_send_bw -d qt_ib --use-srq -q 4 -n 2000
 run_pair "ib_send_lat --use-srq"   "" "" 127.0.0.1 120 -- ib_send_lat -d qt_roce --use-srq -n 2000
+U="ibv_ud_pingpong -d qt_ib"
+run_pair "ud ib -c"                "" "" 127.0.0.1 60 -- $U -c -n 2000
+run_pair "ud ib events (-e) -c"    "" "" 127.0.0.1 60 -- $U -e -c -s 1024
+run_pair "ud roce -c"              "" "" 127.0.0.1 60 -- ibv_ud_pingpong -d qt_roce -g 0 -c -s 1500
+run_pair "ib_send_lat -c UD"       "" "" 127.0.0.1 60 -- ib_send_lat -d qt_ib -c UD -n 2000
+run_pair "ib_send_bw -c UD -q 2"   "" "" 127.0.0.1 60 -- ib_send_bw -d qt_roce -x 0 -c UD -q 2 -n 2000
+# qperf addresses its peer by LID and waits on completion events.
+port=$(pick_port)
+timeout 120 "$USRC" exec -- qperf -lp $port >/dev/null 2>&1 &
+qpid=$!
+wait_listen "" $port || fail "qperf server did not listen"
+for t in ud_lat ud_bw; do
+  out=$(timeout 60 "$USRC" exec -- qperf -lp $port -t 1 -i qt_ib:1 127.0.0.1 $t 2>&1) || { echo "$out"; fail "qperf $t"; }
+  line=$(echo "$out" | grep -E '^ +(latency|recv_bw) += +[0-9][0-9.,]* ') || { echo "$out"; fail "qperf $t: no result"; }
+  note "qperf $t: $(echo $line)"
+done
+kill $qpid; wait $qpid 2>/dev/null
 
 # Across hosts' stand-in: two namespaces, a device on each side.
 veth_pair $A $B qa$$ qb$$ 10.204.0
-ip netns exec $A "$USRC" link add qta netdev qa$$ port 37000 || fail "link add A"
-ip netns exec $B "$USRC" link add qtb netdev qb$$ port 37000 || fail "link add B"
-ip netns exec $A "$USRC" link add qra netdev qa$$ type roce port 38000 || fail "link add A roce"
-ip netns exec $B "$USRC" link add qrb netdev qb$$ type roce port 38000 || fail "link add B roce"
+ip netns exec $A "$USRC" link add qta netdev qa$$ port 43000 || fail "link add A"
+ip netns exec $B "$USRC" link add qtb netdev qb$$ port 43000 || fail "link add B"
+ip netns exec $A "$USRC" link add qra netdev qa$$ type roce port 44000 || fail "link add A roce"
+ip netns exec $B "$USRC" link add qrb netdev qb$$ type roce port 44000 || fail "link add B roce"
 # pair NAME TIMEOUT SERVER_DEV(B) CLIENT_DEV(A) PROGRAM ARGS...
 pair() {
   local name=$1 tmo=$2 sdev=$3 cdev=$4 port; port=$(pick_port); shift 4
@@ -48,5 +66,8 @@ pair "netns srq ib -c"          60 qtb qta ibv_srq_pingpong -c -s 16384 -n 300
 pair "netns srq roce -c"        60 qrb qra ibv_srq_pingpong -g 0 -c -n 500
 pair "netns ib_send_bw --use-srq" 120 qtb qta ib_send_bw --use-srq -q 2 -n 2000
 grep -h "^ 65536" "$OUT.cli"
+pair "netns ud ib -c"           60 qtb qta ibv_ud_pingpong -c -n 1000
+pair "netns ud roce -c"         60 qrb qra ibv_ud_pingpong -g 0 -c -s 1024 -n 1000
+pair "netns ib_send_lat -c UD"  60 qrb qra ib_send_lat -x 0 -c UD -n 2000
 "$USRC" stats qta
 echo PASS

@@ -1,4 +1,4 @@
-// The IBA modify_qp rules for RC: legal and illegal transitions, required
+// The IBA modify_qp rules for RC and UD: legal and illegal transitions, required
 // and forbidden attributes.
 #include <catch2/catch.hpp>
 
@@ -6,11 +6,12 @@
 
 using usrc::check_modify_qp;
 
-static int check(ibv_qp_state cur, ibv_qp_state to, int mask, ibv_qp_state *next = nullptr) {
+static int check(ibv_qp_state cur, ibv_qp_state to, int mask, ibv_qp_state *next = nullptr,
+                 ibv_qp_type type = IBV_QPT_RC) {
   ibv_qp_attr a{};
   a.qp_state = to;
   ibv_qp_state n;
-  int r = check_modify_qp(cur, a, mask | IBV_QP_STATE, &n);
+  int r = check_modify_qp(type, cur, a, mask | IBV_QP_STATE, &n);
   if (next) *next = n;
   return r;
 }
@@ -75,7 +76,25 @@ TEST_CASE("IBV_QP_CUR_STATE must name the current state", "[qp]") {
   a.qp_state = IBV_QPS_RTS;
   a.cur_qp_state = IBV_QPS_SQE;
   ibv_qp_state n;
-  CHECK(check_modify_qp(IBV_QPS_RTS, a, IBV_QP_STATE | IBV_QP_CUR_STATE, &n) == EINVAL);
+  CHECK(check_modify_qp(IBV_QPT_RC, IBV_QPS_RTS, a, IBV_QP_STATE | IBV_QP_CUR_STATE, &n) == EINVAL);
   a.cur_qp_state = IBV_QPS_RTS;
-  CHECK(check_modify_qp(IBV_QPS_RTS, a, IBV_QP_STATE | IBV_QP_CUR_STATE, &n) == 0);
+  CHECK(check_modify_qp(IBV_QPT_RC, IBV_QPS_RTS, a, IBV_QP_STATE | IBV_QP_CUR_STATE, &n) == 0);
+}
+
+TEST_CASE("the UD sequence: the Q_Key at INIT, nothing at RTR, the SQ PSN at RTS; no path", "[qp]") {
+  constexpr int kUdInit = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+  auto ud = [](ibv_qp_state cur, ibv_qp_state to, int mask) { return check(cur, to, mask, nullptr, IBV_QPT_UD); };
+  CHECK(ud(IBV_QPS_RESET, IBV_QPS_INIT, kUdInit) == 0);
+  CHECK(ud(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT) == EINVAL);      // no Q_Key
+  CHECK(ud(IBV_QPS_RESET, IBV_QPS_INIT, kUdInit | IBV_QP_ACCESS_FLAGS) == EINVAL);      // RC's
+  CHECK(ud(IBV_QPS_INIT, IBV_QPS_RTR, 0) == 0);
+  CHECK(ud(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_AV) == EINVAL);
+  CHECK(ud(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_DEST_QPN) == EINVAL);
+  CHECK(ud(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN) == 0);
+  CHECK(ud(IBV_QPS_RTR, IBV_QPS_RTS, 0) == EINVAL);
+  CHECK(ud(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT) == EINVAL);
+  CHECK(ud(IBV_QPS_RTS, IBV_QPS_RTS, IBV_QP_QKEY) == 0);
+  CHECK(ud(IBV_QPS_SQE, IBV_QPS_RTS, 0) == 0);
+  // RC's RESET to INIT is not UD's.
+  CHECK(check(IBV_QPS_RESET, IBV_QPS_INIT, kUdInit) == EINVAL);
 }

@@ -340,7 +340,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
       wire::aeth_type(v.syndrome()) != wire::AckType::ack)
     return false;
   Qp *qp = find_qp(v.qpn());
-  if (!qp || !qp->local.same_host || !from_peer(*qp, pkt.src) || qp->linger_until ||
+  if (!qp || qp->type != QpType::rc || !qp->local.same_host || !from_peer(*qp, pkt.src) || qp->linger_until ||
       (qp->state != QpState::rts && qp->state != QpState::sqd && qp->state != QpState::sqe))
     return false;
   const uint32_t psn = v.psn();

@@ -140,7 +140,7 @@ void Engine::set_state(Qp &qp, QpState s) {
   // that closes since makes tx_begin() fail, and the packets go the usual
   // way.)
   if (s == QpState::rtr || s == QpState::rts)
-    qp.local.in_place = qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
+    qp.local.in_place = qp.type == QpType::rc && qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
   switch (s) {
     case QpState::reset:
       qp.sq.clear();
@@ -527,15 +527,26 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       return;
     }
   }
-  // RC opcodes only (IBA 9.2.1: transport 000b), and our placed-WRITE
-  // notice from this host's shared memory.
-  if (!(v.p.info->mask & wire::IS_RC) && !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
+  // RC and UD opcodes only (IBA 9.2.1: transport 000b, 011b), and our
+  // placed-WRITE notice from this host's shared memory.
+  const uint32_t mask = v.p.info->mask;
+  if (!(mask & (wire::IS_RC | wire::IS_UD)) &&
+      !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
     count(Counter::malformed_drops);
     return;
   }
   Qp *qp = find_qp(v.p.h.bth.dest_qp);
-  if (!qp) {
+  // (A datagram for a QP of another service is for no QP here.)
+  if (!qp || ((mask & wire::IS_UD) != 0) != (qp->type == QpType::ud)) {
     count(Counter::unknown_qp_drops);
+    return;
+  }
+  if (qp->type == QpType::ud) {
+    // From anyone (the Q_Key says who may send), in RTR and later.
+    if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err || qp->linger_until)
+      count(Counter::unknown_qp_drops);
+    else
+      datagram_rx(*qp, v, pkt.len);
     return;
   }
   if (!from_peer(*qp, pkt.src)) {

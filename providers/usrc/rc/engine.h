@@ -116,6 +116,23 @@ class Engine {
             (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
   void post_small(Qp &qp, SendWqe &w, uint32_t len);
+  // UD (datagram.cpp): where one datagram goes, from its address handle
+  // (the path) and its WR (QPN, Q_Key).
+  struct UdDest {
+    net::Endpoint peer;       // the AH's address; the port from the QPN's slot
+    uint8_t tos = 0, ttl = 0;
+    uint16_t sport = 0;       // from the AH's flow label (0: the context's port)
+    bool same_host = false;
+    uint32_t qpn = 0, qkey = 0;
+  };
+  // Sends the WR (a SEND of len bytes, at most one packet) as one datagram
+  // now, and completes it: a UD WR is done once sent.
+  void post_datagram(Qp &qp, const SendWr &wr, uint32_t len, const UdDest &d);
+  // The RoCE link layer: a UD receive's first 40 bytes (the GRH area) hold
+  // the datagram's IPv4 header, as RoCE v2 puts it (IBV_WC_GRH); on the
+  // InfiniBand link layer there is no GRH and the source is the SLID.
+  bool ud_grh_ipv4 = false;
+  static constexpr uint32_t kGrhLen = 40;
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot, into a QP's own receive queue (not in RESET)
   // or a shared one (an SRQ).
@@ -358,6 +375,7 @@ class Engine {
     if (q.limit && q.size() < q.limit) [[unlikely]] srq_limit(q);
   }
   void srq_limit(RecvQueue &q);
+  void datagram_rx(Qp &qp, const struct PacketView &v, size_t pkt_len);
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);
   void drop_held(Qp &qp);

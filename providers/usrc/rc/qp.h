@@ -99,6 +99,7 @@ struct RecvQueue : Ring<RecvWqe> {
 // read it.
 struct QpAttrs {
   uint32_t dest_qpn = 0;
+  uint32_t qkey = 0;          // UD: the Q_Key datagrams to this QP must carry
   net::Endpoint peer;
   uint16_t dlid = 0;
   // The path on the wire (design: "QP context on the wire"): IP TOS byte
@@ -238,11 +239,18 @@ struct LocalPath {
   uint32_t polls_at_post = ~0u;   // Engine::polls at the last post_send
 };
 
+// The transport service (IBA 9.8.2): reliable connected, or unreliable
+// datagram (datagram.cpp), which sends each WR as one packet to the WR's
+// address, with no acknowledgement, and takes datagrams from anyone that
+// has the QP's Q_Key.
+enum class QpType : uint8_t { rc, ud };
+
 struct Qp {
   Qp() = default;
   Qp(const Qp &) = delete;     // (rq may point into it)
   Qp &operator=(const Qp &) = delete;
   uint32_t qpn = 0;
+  QpType type = QpType::rc;
   QpState state = QpState::reset;
   bool sq_sig_all = false;
   Cq *send_cq = nullptr, *recv_cq = nullptr;

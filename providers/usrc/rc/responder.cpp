@@ -151,7 +151,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   // No ICRC is accepted only from this host: the QP's peer, on a local
   // path. In order (check_psn), between messages (check_op_seq), past its
   // first request (note_first_request).
-  if (!qp || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
+  if (!qp || qp->type != QpType::rc || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
       qp->state < QpState::rtr || qp->state > QpState::sqd || qp->resp.in_msg || qp->resp.held)
     return 0;
   uint64_t bytes = 0;

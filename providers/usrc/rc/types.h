@@ -123,6 +123,7 @@ struct Completion {
   uint32_t src_qp;
   uint16_t slid;
   uint64_t timestamp_ns;
+  bool grh = false;     // a UD receive whose buffer starts with the GRH (IBV_WC_GRH)
 };
 
 // A work completion laid out as libibverbs' struct ibv_wc (its ABI, which

@@ -11,6 +11,8 @@ PKGS="$PKGS libfabric-dev libfabric-bin libxdp-dev libbpf-dev clang"
 # libfabric's rxd/tcp pingpong, plots, per-process CPU time, a CPU hog (the
 # contended runs; the suite once under load).
 PKGS="$PKGS sockperf gnuplot-nox time stress-ng"
+# Middleware over usrc (tests/integration/ucx_test.sh): UCX's tools.
+PKGS="$PKGS ucx-utils"
 # Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

@@ -11,8 +11,9 @@ PKGS="$PKGS libfabric-dev libfabric-bin libxdp-dev libbpf-dev clang"
 # libfabric's rxd/tcp pingpong, plots, per-process CPU time, a CPU hog (the
 # contended runs; the suite once under load).
 PKGS="$PKGS sockperf gnuplot-nox time stress-ng"
-# Middleware over usrc (tests/integration/ucx_test.sh): UCX's tools.
-PKGS="$PKGS ucx-utils"
+# Middleware over usrc (tests/integration/ucx_test.sh, mpi_test.sh): UCX's
+# tools, Open MPI and MPICH (both on UCX).
+PKGS="$PKGS ucx-utils openmpi-bin libopenmpi-dev mpich libmpich-dev"
 # Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

@@ -19,6 +19,7 @@ namespace usrc {
 // Every op behind at_boundary (boundary.h): no exception reaches libibverbs.
 static const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
+  o.advise_mr = at_boundary<advise_mr>;
   o.alloc_dm = at_boundary<alloc_dm>;
   o.alloc_pd = at_boundary<alloc_pd>;
   o.async_event = at_boundary<async_event_op>;
@@ -51,6 +52,7 @@ static const verbs_context_ops kOps = [] {
   o.reg_dm_mr = at_boundary<reg_dm_mr>;
   o.reg_mr = at_boundary<reg_mr>;
   o.req_notify_cq = at_boundary<req_notify_cq>;
+  o.rereg_mr = at_boundary<rereg_mr>;
   o.resize_cq = at_boundary<resize_cq>;
   return o;
 }();
@@ -217,7 +219,9 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   a.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
   a.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
                                               IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
-                                              IBV_ODP_SUPPORT_ATOMIC;
+                                              IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+                                              IBV_ODP_SUPPORT_SRQ_RECV;
   a.max_dm_size = kMaxDmSize;
   // Packet pacing (IBV_QP_RATE_LIMIT) of RC QPs.
   a.packet_pacing_caps.qp_rate_limit_min = kMinRateLimitKbps;

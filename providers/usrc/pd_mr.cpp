@@ -115,15 +115,17 @@ ibv_dm *alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr) {
   dm->mem = static_cast<uint8_t *>(mem);
   dm->length = attr->length;
   dm->dm.context = ibctx;
+  // Device memory is copied in 4-byte units, as the devices that have it
+  // require: an offset or length not a multiple of 4 is EINVAL.
   dm->dm.memcpy_to_dm = [](ibv_dm *d, uint64_t off, const void *src, size_t len) {
     Dm *m = reinterpret_cast<Dm *>(d);
-    if (off > m->length || len > m->length - off) return EINVAL;
+    if (off > m->length || len > m->length - off || off % 4 || len % 4) return EINVAL;
     std::memcpy(m->mem + off, src, len);
     return 0;
   };
   dm->dm.memcpy_from_dm = [](void *dst, ibv_dm *d, uint64_t off, size_t len) {
     Dm *m = reinterpret_cast<Dm *>(d);
-    if (off > m->length || len > m->length - off) return EINVAL;
+    if (off > m->length || len > m->length - off || off % 4 || len % 4) return EINVAL;
     std::memcpy(dst, m->mem + off, len);
     return 0;
   };
@@ -165,6 +167,49 @@ ibv_mr *reg_dm_mr(ibv_pd *ibpd, ibv_dm *d, uint64_t offset, size_t length, unsig
   return mr;
 }
 
+// ibv_rereg_mr: a new PD, range or access for a registered MR, its keys
+// kept. Under the engine's lock, as a deregistration: no packet sees the MR
+// half changed, and a same-host peer's placement into the old range has
+// ended (withdraw) before it changes. Errors leave the MR as it was and are
+// returned (and set in errno).
+int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, int access) {
+  Mr *mr = reinterpret_cast<Mr *>(vmr);
+  Context &c = impl(vmr->ibmr.context);
+  const auto refuse = [](int e) { return errno = e; };
+  const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : static_cast<int>(mr->access);
+  Pd *new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? (ibpd ? to_pd(ibpd) : nullptr) : mr->pd;
+  if (mr->dm || !new_pd || ((flags & IBV_REREG_MR_CHANGE_PD) && ibpd->context != vmr->ibmr.context))
+    return refuse(EINVAL);
+  if (new_access & ~kMrAccess) return refuse(EOPNOTSUPP);
+  if ((new_access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(new_access & IBV_ACCESS_LOCAL_WRITE))
+    return refuse(EINVAL);
+  // An implicit ODP MR (the whole address space) is not given a range.
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (reinterpret_cast<uintptr_t>(addr) + length < length))
+    return refuse(EINVAL);
+  {
+    std::lock_guard g(c.engine().mu);
+    const uint32_t key = vmr->ibmr.lkey;
+    c.engine().local_peers().withdraw(key);
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+      mr->addr = static_cast<uint8_t *>(addr);
+      mr->iova = reinterpret_cast<uintptr_t>(addr);
+      mr->length = length;
+    }
+    mr->access = static_cast<uint32_t>(new_access);
+    mr->odp = new_access & IBV_ACCESS_ON_DEMAND;
+    vmr->access = new_access;
+    if (new_pd != mr->pd) {
+      mr->pd->users--;
+      new_pd->users++;
+      mr->pd = new_pd;
+    }
+    if ((new_access & IBV_ACCESS_REMOTE_WRITE) && !mr->odp &&
+        !c.engine().local_peers().expose(key, {reinterpret_cast<uint64_t>(mr->pd), mr->addr, mr->iova, mr->length}))
+      c.engine().counters[uint32_t(Counter::direct_unlisted)]++;
+  }
+  return 0;
+}
+
 int dereg_mr(verbs_mr *vmr) {
   Mr *mr = reinterpret_cast<Mr *>(vmr);
   Context &c = impl(vmr->ibmr.context);
@@ -178,6 +223,31 @@ int dereg_mr(verbs_mr *vmr) {
   mr->pd->users--;
   if (mr->dm) mr->dm->mrs--;
   delete mr;
+  return 0;
+}
+
+}  // namespace usrc
+
+namespace usrc {
+
+// ibv_advise_mr: prefetching (with or without write intent, with or
+// without faulting pages in) has nothing to do here: nothing is pinned and
+// every access reads or writes the memory in place, paging it in then. The
+// SGEs are checked as a send's are: an lkey of this PD whose MR is on-demand
+// and covers the range. IBV_ADVISE_MR_FLAG_FLUSH (wait until done) is met
+// at once.
+int advise_mr(ibv_pd *ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge *sg, uint32_t num_sge) {
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if ((flags & ~uint32_t(IBV_ADVISE_MR_FLAG_FLUSH)) || num_sge == 0 || num_sge > rc::kMaxSge) return EINVAL;
+  Context &c = impl(ibpd->context);
+  std::lock_guard g(c.engine().mu);   // (the MR table's lock)
+  for (uint32_t i = 0; i < num_sge; i++) {
+    const Mr *mr = c.find_mr(sg[i].lkey);
+    if (!mr || mr->pd != to_pd(ibpd) || !mr->odp || !mr->range(sg[i].addr, sg[i].length)) return EINVAL;
+    if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return EINVAL;
+  }
   return 0;
 }
 

@@ -85,8 +85,9 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
 
 ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
   // The plain attributes and the extended send API; the other extensions
-  // (create flags, XRC, RSS, TSO, ...) are not implemented.
-  if (ia->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+  // (create flags other than none, XRC, RSS, TSO, ...) are not implemented.
+  if ((ia->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+      ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ia->create_flags)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -204,9 +205,11 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
   // as it was).
   if ((mask & IBV_QP_PORT) && attr->port_num != 1) return EINVAL;
   if ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) return EINVAL;
+  // (An MR's on-demand and relaxed-ordering bits mean nothing to a QP and
+  // are let through, as the kernel does.)
   if ((mask & IBV_QP_ACCESS_FLAGS) &&
-      (attr->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                 IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+      (attr->qp_access_flags & ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ON_DEMAND | IBV_ACCESS_RELAXED_ORDERING)))
     return EINVAL;
   if ((mask & IBV_QP_PATH_MTU) &&
       (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096 ||
@@ -391,9 +394,22 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   return 0;
 }
 
+// A UD WR's own checks: a SEND of one packet at most, an AH of the QP's PD,
+// a QPN that some QP can have (*port: its UDP port).
+static int check_ud_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t len, uint16_t *port) {
+  const DeviceConfig &cfg = qp->ctx->cfg();
+  *port = port_of_qpn(cfg, wr.wr.ud.remote_qpn);
+  if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || len > cfg.active_mtu || !wr.wr.ud.ah ||
+      wr.wr.ud.ah->pd != qp->vqp.qp.pd || !*port)
+    return EINVAL;
+  return 0;
+}
+
 int check_send_wr(const Qp *qp, const ibv_send_wr &wr) {
   uint64_t len;
-  return check_wr(qp, wr, &len);
+  uint16_t port;
+  if (int e = check_wr(qp, wr, &len)) return e;
+  return qp->t->type == rc::QpType::ud ? check_ud_wr(qp, wr, len, &port) : 0;
 }
 
 static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
@@ -423,13 +439,8 @@ static int post_ud_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   int err = 0;
   for (; wr; wr = wr->next) {
     uint64_t len;
-    if ((err = check_wr(qp, *wr, &len))) break;
-    const uint16_t port = port_of_qpn(c.cfg(), wr->wr.ud.remote_qpn);
-    if ((wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) || len > c.cfg().active_mtu ||
-        !wr->wr.ud.ah || wr->wr.ud.ah->pd != qp->vqp.qp.pd || !port) {
-      err = EINVAL;
-      break;
-    }
+    uint16_t port;
+    if ((err = check_wr(qp, *wr, &len)) || (err = check_ud_wr(qp, *wr, len, &port))) break;
     rc::SendWr w;
     w.wr_id = wr->wr_id;
     w.opcode = static_cast<rc::WrOpcode>(wr->opcode);

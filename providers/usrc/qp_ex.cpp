@@ -166,6 +166,11 @@ int wr_complete(ibv_qp_ex *x) {
   return err;
 }
 
+// A UD QP's destination for the WR being built (post_ud_send checks it).
+void wr_set_ud_addr(ibv_qp_ex *x, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+  if (Qp::PendingWr *p = current(x)) p->wr.wr.ud = {ah, remote_qpn, remote_qkey};
+}
+
 // Builders of operations this provider does not do: the error surfaces at
 // ibv_wr_complete (they are unreachable through send_ops_flags, which
 // create_qp_ex checks, but a slot is never left null).
@@ -174,7 +179,6 @@ void wr_unsupported_mw(ibv_qp_ex *x, ibv_mw *, uint32_t, const ibv_mw_bind_info 
 }
 void wr_unsupported_rkey(ibv_qp_ex *x, uint32_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_tso(ibv_qp_ex *x, void *, uint16_t, uint16_t) { fail(to_qp(x), EOPNOTSUPP); }
-void wr_unsupported_ud(ibv_qp_ex *x, ibv_ah *, uint32_t, uint32_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_atomic_write(ibv_qp_ex *x, uint32_t, uint64_t, const void *) {
   fail(to_qp(x), EOPNOTSUPP);
 }
@@ -203,7 +207,7 @@ int init_qp_ex(Qp *qp, uint64_t ops) {
   x.wr_local_inv = at_boundary<wr_unsupported_rkey>;
   x.wr_send_inv = at_boundary<wr_unsupported_rkey>;
   x.wr_send_tso = at_boundary<wr_unsupported_tso>;
-  x.wr_set_ud_addr = at_boundary<wr_unsupported_ud>;
+  x.wr_set_ud_addr = at_boundary<wr_set_ud_addr>;
   x.wr_set_xrc_srqn = at_boundary<wr_unsupported_rkey>;
   x.wr_atomic_write = at_boundary<wr_unsupported_atomic_write>;
   qp->vqp.comp_mask |= VERBS_QP_EX;

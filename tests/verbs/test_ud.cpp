@@ -314,3 +314,67 @@ TEST_CASE("UD on an SRQ: datagrams for two UD QPs take the SRQ's receives", "[ve
   }
   CHECK(ibv_destroy_srq(srq) == 0);
 }
+
+TEST_CASE("UD through the extended send API: ibv_wr_send with ibv_wr_set_ud_addr", "[verbs][ud]") {
+  Dev d;
+  UdQp b(d);
+  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_qp_init_attr_ex ia{};
+  ia.send_cq = ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap = {8, 8, 1, 1, 64};
+  ia.pd = d.pd;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+  ia.create_flags = 0;   // (the mask bit with no flag: accepted)
+  ibv_qp *qp = ibv_create_qp_ex(d.ctx, &ia);
+  REQUIRE(qp);
+  ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
+  ibv_ah *ah = ah_to_self(d, d.pd);
+  REQUIRE(ah);
+  Buf tx(d, 300, 0x61), rx(d, 340);
+  // In RESET: the batch is refused with EINVAL.
+  ibv_wr_start(x);
+  x->wr_id = 1;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(x);
+  ibv_wr_set_ud_addr(x, ah, b.qp->qp_num, kQkey);
+  ibv_wr_set_sge(x, tx.mr->lkey, uintptr_t(tx.b.data()), 300);
+  CHECK(ibv_wr_complete(x) == EINVAL);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = kQkey;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+  a.qp_state = IBV_QPS_RTR;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+  a.qp_state = IBV_QPS_RTS;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+  ibv_sge r = rx.sge(0, 340);
+  REQUIRE(post_recv(b.qp, 9, &r, 1) == 0);
+  ibv_wr_start(x);
+  x->wr_id = 2;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send_imm(x, htonl(0x77));
+  ibv_wr_set_ud_addr(x, ah, b.qp->qp_num, kQkey);
+  ibv_wr_set_sge(x, tx.mr->lkey, uintptr_t(tx.b.data()), 300);
+  REQUIRE(ibv_wr_complete(x) == 0);
+  auto ws = poll(cq, 1);
+  REQUIRE(ws.size() == 1);
+  CHECK(ws[0].status == IBV_WC_SUCCESS);
+  auto wr = poll(b.cq, 1);
+  REQUIRE(wr.size() == 1);
+  CHECK(wr[0].status == IBV_WC_SUCCESS);
+  CHECK(wr[0].byte_len == 340);
+  CHECK(ntohl(wr[0].imm_data) == 0x77);
+  CHECK(std::memcmp(rx.b.data() + 40, tx.b.data(), 300) == 0);
+  // Create flags other than none: not implemented.
+  ia.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  errno = 0;
+  CHECK(ibv_create_qp_ex(d.ctx, &ia) == nullptr);
+  CHECK(errno == EOPNOTSUPP);
+  ibv_destroy_qp(qp);
+  ibv_destroy_ah(ah);
+  ibv_destroy_cq(cq);
+}

@@ -989,6 +989,9 @@ TEST_CASE("device memory: alloc, copy, zero-based MR, READ from it", "[verbs]") 
   for (size_t i = 0; i < pattern.size(); i++) pattern[i] = uint8_t(i * 11);
   CHECK(ibv_memcpy_to_dm(dm, 0, pattern.data(), pattern.size()) == 0);
   CHECK(ibv_memcpy_to_dm(dm, 8000, pattern.data(), 200) != 0);   // out of range
+  CHECK(ibv_memcpy_to_dm(dm, 3, pattern.data(), 4) == EINVAL);   // 4-byte units
+  CHECK(ibv_memcpy_to_dm(dm, 4, pattern.data(), 6) == EINVAL);
+  CHECK(ibv_memcpy_from_dm(back.data(), dm, 2, 8) == EINVAL);
   CHECK(ibv_memcpy_from_dm(back.data(), dm, 0, back.size()) == 0);
   CHECK(back == pattern);
   const unsigned acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;

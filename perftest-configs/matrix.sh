@@ -40,6 +40,8 @@ done
 runs+=("ib_send_bw --use-srq" "ib_send_bw --use-srq -q 4" "ib_send_bw --use-srq -a" "ib_send_lat --use-srq")
 # UD QPs (datagrams of one MTU at most).
 runs+=("ib_send_bw -c UD" "ib_send_bw -c UD -q 4" "ib_send_bw -c UD --use-srq" "ib_send_lat -c UD" "ib_send_lat -c UD -e")
+# UC QPs (SENDs and WRITEs, unacknowledged).
+runs+=("ib_send_bw -c UC" "ib_write_bw -c UC" "ib_send_lat -c UC" "ib_write_lat -c UC")
 if [ -n "$SUBSET" ]; then
   runs=("ib_send_bw" "ib_send_bw -e" "ib_write_bw -q 4" "ib_read_bw -b" "ib_write_lat" "ib_send_lat -e"
         "ib_atomic_bw" "ib_atomic_lat -A CMP_AND_SWAP" "ib_read_lat" "ib_send_bw -a -n 100"

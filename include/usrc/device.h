@@ -111,7 +111,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(selective_resends, "sequence NAKs answered by resending the lost packet alone") \
   X(probes, "oldest unacknowledged packets resent alone after a short silence") \
   X(qkey_drops, "UD datagrams dropped: wrong Q_Key")                         \
-  X(no_recv_drops, "UD datagrams dropped: no receive posted")
+  X(no_recv_drops, "UD datagrams and UC messages dropped: no receive posted") \
+  X(uc_drops, "UC packets dropped: out of sequence, or their message failed a check")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

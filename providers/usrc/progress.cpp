@@ -174,7 +174,7 @@ void Context::kick() {
 }
 
 void Context::found_completions() {
-  if (engine_->placed_since_pass.load(std::memory_order_relaxed)) {
+  if (engine_->completed_at_post.load(std::memory_order_relaxed)) {
     try_progress();
     return;
   }

@@ -14,8 +14,8 @@ static rc::QpState to_rc(ibv_qp_state s) { return static_cast<rc::QpState>(s); }
 static_assert(int(rc::QpState::sqe) == IBV_QPS_SQE && int(rc::QpState::err) == IBV_QPS_ERR);
 
 ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
-  if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UD) {
-    errno = EOPNOTSUPP;   // UC and XRC are not implemented (README)
+  if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD) {
+    errno = EOPNOTSUPP;   // XRC is not implemented (README)
     return nullptr;
   }
   Context &c = impl(ibpd->context);
@@ -56,7 +56,9 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     qp->t->send_cq = &to_cq(ia->send_cq)->ring;
     qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
     qp->t->sq_sig_all = ia->sq_sig_all;
-    qp->t->type = ia->qp_type == IBV_QPT_UD ? rc::QpType::ud : rc::QpType::rc;
+    qp->t->type = ia->qp_type == IBV_QPT_UD   ? rc::QpType::ud
+                  : ia->qp_type == IBV_QPT_UC ? rc::QpType::uc
+                                              : rc::QpType::rc;
     if (srq) c.engine().use_srq(*qp->t, &srq->q);
   }
   qp->ctx = &c;
@@ -381,6 +383,8 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   const rc::WrOpcodeInfo *op = rc::wr_opcode_info(static_cast<unsigned>(wr.opcode));
   if (!op) return EINVAL;
   const bool atomic = op->mask & rc::WR_ATOMIC;
+  // UC carries SENDs and RDMA WRITEs only (IBA 9.8.2).
+  if (qp->t->type == rc::QpType::uc && (atomic || wr.opcode == IBV_WR_RDMA_READ)) return EINVAL;
   if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   // READ and ATOMIC write local memory: no inline data.

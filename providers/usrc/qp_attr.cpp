@@ -1,4 +1,4 @@
-// The RC and UD rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
+// The RC, UC and UD rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
 // ibv_modify_qp man page): which transitions exist, which attributes each
 // one requires and which it allows. Pure: no side effects.
 #include <cerrno>
@@ -39,6 +39,20 @@ constexpr Rule kRules[] = {
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
 };
 
+// UC: RC's path and PSNs, none of its ACK, retry or READ/ATOMIC attributes.
+constexpr int kUcPath = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+constexpr Rule kUcRules[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR, kUcPath, IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0, IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_AV | IBV_QP_PATH_MTU},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
 // UD: no path, PSNs only to send, and the Q_Key.
 constexpr Rule kUdRules[] = {
     {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
@@ -66,7 +80,10 @@ int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr &attr,
   // Any state may go to RESET or ERR, with no other attribute.
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
     return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? EINVAL : 0;
-  for (const Rule &r : type == IBV_QPT_UD ? std::span<const Rule>(kUdRules) : std::span<const Rule>(kRules)) {
+  const std::span<const Rule> rules = type == IBV_QPT_UD   ? std::span<const Rule>(kUdRules)
+                                      : type == IBV_QPT_UC ? std::span<const Rule>(kUcRules)
+                                                           : std::span<const Rule>(kRules);
+  for (const Rule &r : rules) {
     if (r.from != cur || r.to != to) continue;
     int given = mask & ~IBV_QP_STATE;
     if ((given & r.required) != r.required) return EINVAL;

@@ -1,12 +1,13 @@
 #!/bin/bash
 # Stock programs on the QP types and queues beyond a plain RC QP's: shared
-# receive queues (ibv_srq_pingpong, perftest --use-srq) and UD QPs
-# (ibv_ud_pingpong, perftest -c UD, qperf ud_*), on loopback on both link
-# layers and between two network namespaces joined by a veth pair.
+# receive queues (ibv_srq_pingpong, perftest --use-srq), UD QPs
+# (ibv_ud_pingpong, perftest -c UD, qperf ud_*) and UC QPs (ibv_uc_pingpong,
+# perftest -c UC, qperf uc_*), on loopback on both link layers and between
+# two network namespaces joined by a veth pair.
 # Usage: qp_types_test.sh USRC_CLI PROVIDER_SO
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
-need_tools ibv_srq_pingpong ibv_ud_pingpong ib_send_bw qperf
+need_tools ibv_srq_pingpong ibv_ud_pingpong ibv_uc_pingpong ib_send_bw qperf
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, namespaces)"; exit 77; }
 A=qtA$$ B=qtB$$
 new_root
@@ -33,12 +34,16 @@ run_pair "ud ib events (-e) -c"    "" "" 127.0.0.1 60 -- $U -e -c -s 1024
 run_pair "ud roce -c"              "" "" 127.0.0.1 60 -- ibv_ud_pingpong -d qt_roce -g 0 -c -s 1500
 run_pair "ib_send_lat -c UD"       "" "" 127.0.0.1 60 -- ib_send_lat -d qt_ib -c UD -n 2000
 run_pair "ib_send_bw -c UD -q 2"   "" "" 127.0.0.1 60 -- ib_send_bw -d qt_roce -x 0 -c UD -q 2 -n 2000
+run_pair "uc ib -c"                "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_ib -c -n 2000
+run_pair "uc roce 20000 B -c"      "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_roce -g 0 -c -s 20000 -n 500
+run_pair "ib_send_lat -c UC"       "" "" 127.0.0.1 60 -- ib_send_lat -d qt_ib -c UC -n 2000
+run_pair "ib_write_bw -c UC"       "" "" 127.0.0.1 60 -- ib_write_bw -d qt_ib -c UC -n 2000
 # qperf addresses its peer by LID and waits on completion events.
 port=$(pick_port)
 timeout 120 "$USRC" exec -- qperf -lp $port >/dev/null 2>&1 &
 qpid=$!
 wait_listen "" $port || fail "qperf server did not listen"
-for t in ud_lat ud_bw; do
+for t in ud_lat ud_bw uc_lat uc_bw uc_rdma_write_lat uc_rdma_write_bw; do
   out=$(timeout 60 "$USRC" exec -- qperf -lp $port -t 1 -i qt_ib:1 127.0.0.1 $t 2>&1) || { echo "$out"; fail "qperf $t"; }
   line=$(echo "$out" | grep -E '^ +(latency|recv_bw) += +[0-9][0-9.,]* ') || { echo "$out"; fail "qperf $t: no result"; }
   note "qperf $t: $(echo $line)"
@@ -69,5 +74,7 @@ grep -h "^ 65536" "$OUT.cli"
 pair "netns ud ib -c"           60 qtb qta ibv_ud_pingpong -c -n 1000
 pair "netns ud roce -c"         60 qrb qra ibv_ud_pingpong -g 0 -c -s 1024 -n 1000
 pair "netns ib_send_lat -c UD"  60 qrb qra ib_send_lat -x 0 -c UD -n 2000
+pair "netns uc ib -c"           60 qtb qta ibv_uc_pingpong -c -s 8192 -n 1000
+pair "netns ib_send_lat -c UC"  60 qtb qta ib_send_lat -c UC -n 2000
 "$USRC" stats qta
 echo PASS

@@ -98,3 +98,15 @@ TEST_CASE("the UD sequence: the Q_Key at INIT, nothing at RTR, the SQ PSN at RTS
   // RC's RESET to INIT is not UD's.
   CHECK(check(IBV_QPS_RESET, IBV_QPS_INIT, kUdInit) == EINVAL);
 }
+
+TEST_CASE("the UC sequence: RC's path and PSNs, none of its ACK, retry or READ attributes", "[qp]") {
+  auto uc = [](ibv_qp_state cur, ibv_qp_state to, int mask) { return check(cur, to, mask, nullptr, IBV_QPT_UC); };
+  constexpr int kUcRtr = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  CHECK(uc(IBV_QPS_RESET, IBV_QPS_INIT, kInit) == 0);
+  CHECK(uc(IBV_QPS_INIT, IBV_QPS_RTR, kUcRtr) == 0);
+  CHECK(uc(IBV_QPS_INIT, IBV_QPS_RTR, kRtr) == EINVAL);                     // MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER
+  CHECK(uc(IBV_QPS_INIT, IBV_QPS_RTR, kUcRtr & ~IBV_QP_DEST_QPN) == EINVAL);
+  CHECK(uc(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN) == 0);
+  CHECK(uc(IBV_QPS_RTR, IBV_QPS_RTS, kRts) == EINVAL);                      // TIMEOUT, RETRY_CNT, ...
+  CHECK(uc(IBV_QPS_RTS, IBV_QPS_RTS, IBV_QP_ACCESS_FLAGS) == 0);
+}

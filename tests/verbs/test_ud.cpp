@@ -84,7 +84,7 @@ struct Buf {
 
 }  // namespace
 
-TEST_CASE("UD: SEND and SEND_WITH_IMM, the GRH area, the source, and a reply through ibv_create_ah_from_wc", "[verbs][ud]") {
+TEST_CASE("UD: SEND and SEND_WITH_IMM, the GRH area, the source, and a reply through ibv_create_ah_from_wc", "[verbs][ud][unreliable]") {
   Dev d;
   UdQp a(d), b(d);
   ibv_ah *ah = ah_to_self(d, d.pd);
@@ -151,7 +151,7 @@ TEST_CASE("UD: SEND and SEND_WITH_IMM, the GRH area, the source, and a reply thr
   CHECK(ibv_destroy_ah(ah) == 0);
 }
 
-TEST_CASE("UD Q_Keys: a wrong one is dropped and counted; a controlled one in the WR means the QP's own", "[verbs][ud]") {
+TEST_CASE("UD Q_Keys: a wrong one is dropped and counted; a controlled one in the WR means the QP's own", "[verbs][ud][unreliable]") {
   Dev d;
   UdQp a(d), b(d);
   ibv_ah *ah = ah_to_self(d, d.pd);
@@ -182,7 +182,7 @@ TEST_CASE("UD Q_Keys: a wrong one is dropped and counted; a controlled one in th
   ibv_destroy_ah(ah);
 }
 
-TEST_CASE("UD receives: too small a buffer is LOC_LEN_ERR (the QP goes on); none posted drops the datagram, counted", "[verbs][ud]") {
+TEST_CASE("UD receives: too small a buffer is LOC_LEN_ERR (the QP goes on); none posted drops the datagram, counted", "[verbs][ud][unreliable]") {
   Dev d;
   UdQp a(d), b(d);
   ibv_ah *ah = ah_to_self(d, d.pd);
@@ -217,7 +217,7 @@ TEST_CASE("UD receives: too small a buffer is LOC_LEN_ERR (the QP goes on); none
   ibv_destroy_ah(ah);
 }
 
-TEST_CASE("UD misuse: clean errnos (message over the MTU, RDMA on UD, bad AHs, another PD's AH, a path at RTR)", "[verbs][ud]") {
+TEST_CASE("UD misuse: clean errnos (message over the MTU, RDMA on UD, bad AHs, another PD's AH, a path at RTR)", "[verbs][ud][unreliable]") {
   Dev d;
   UdQp a(d);
   ibv_ah *ah = ah_to_self(d, d.pd);
@@ -281,7 +281,7 @@ TEST_CASE("UD misuse: clean errnos (message over the MTU, RDMA on UD, bad AHs, a
   ibv_destroy_ah(ah);
 }
 
-TEST_CASE("UD on an SRQ: datagrams for two UD QPs take the SRQ's receives", "[verbs][ud][srq]") {
+TEST_CASE("UD on an SRQ: datagrams for two UD QPs take the SRQ's receives", "[verbs][ud][srq][unreliable]") {
   Dev d;
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = 16;
@@ -315,7 +315,7 @@ TEST_CASE("UD on an SRQ: datagrams for two UD QPs take the SRQ's receives", "[ve
   CHECK(ibv_destroy_srq(srq) == 0);
 }
 
-TEST_CASE("UD through the extended send API: ibv_wr_send with ibv_wr_set_ud_addr", "[verbs][ud]") {
+TEST_CASE("UD through the extended send API: ibv_wr_send with ibv_wr_set_ud_addr", "[verbs][ud][unreliable]") {
   Dev d;
   UdQp b(d);
   ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);

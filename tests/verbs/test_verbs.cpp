@@ -434,12 +434,12 @@ TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   CHECK(post_send(a.qp, 1, IBV_WR_SEND_WITH_INV, &eight, 1, 0) == EINVAL);
   ibv_sge many[9] = {};
   CHECK(post_send(a.qp, 1, IBV_WR_SEND, many, 9, 0) == EINVAL);
-  ibv_qp_init_attr uc{};
-  uc.send_cq = uc.recv_cq = a.cq;
-  uc.qp_type = IBV_QPT_UC;
-  uc.cap = {1, 1, 1, 1, 0};
+  ibv_qp_init_attr xrc{};
+  xrc.send_cq = xrc.recv_cq = a.cq;
+  xrc.qp_type = IBV_QPT_XRC_SEND;
+  xrc.cap = {1, 1, 1, 1, 0};
   errno = 0;
-  CHECK(ibv_create_qp(d.pd, &uc) == nullptr);   // (not implemented)
+  CHECK(ibv_create_qp(d.pd, &xrc) == nullptr);   // (not implemented)
   CHECK(errno == EOPNOTSUPP);
   ibv_qp_init_attr huge{};
   huge.send_cq = huge.recv_cq = a.cq;

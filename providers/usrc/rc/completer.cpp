@@ -47,6 +47,7 @@ void Engine::advanced(Qp &qp) {
 // Arms the Local ACK Timeout and, sooner, the adaptive retransmission timer.
 void Engine::arm_retransmit(Qp &qp) {
   qp.comp.rto_deadline = 0;
+  if (qp.type == QpType::uc) return;   // (nothing of UC is acknowledged: nothing waits)
   const uint64_t t = local_ack_timeout_ns(qp.attr.timeout);
   if (!t) return;   // timeout 0: wait for ever (IBA 9.7.6.1.3)
   const uint64_t now = stamp();

@@ -1,7 +1,8 @@
 // The unreliable datagram service (IBA 9.8.2, 10.2.5): each SEND is one
 // packet (BTH, DETH, [ImmDt], payload) to the address its WR names, done
 // once sent; a datagram is taken by a QP that has its Q_Key and a receive
-// posted, else dropped (counted). No PSN checks, no ACKs, no retries.
+// posted, else dropped (counted). No PSN checks, no ACKs, no retries. (UC's
+// responder, the other unreliable one, is responder.cpp's uc_rx.)
 #include <cstring>
 
 #include "usrc/net/ipv4.h"
@@ -38,8 +39,10 @@ void Engine::post_datagram(Qp &qp, const SendWr &wr, uint32_t len, const UdDest 
   });
   tx_commit(qp, hl, len, pieces);
   tx_flush();   // sent before the WR completes: its buffers are the application's again
-  if ((wr.flags & kSignaled) || qp.sq_sig_all)
+  if ((wr.flags & kSignaled) || qp.sq_sig_all) {
     push(qp.send_cq, {wr.wr_id, WcStatus::success, WcOpcode::send, false, false, len, 0, qp.qpn, 0, 0, stamp()});
+    completed_at_post.store(true, std::memory_order_relaxed);
+  }
 }
 
 // A datagram for a UD QP in RTR, RTS or SQD (handle_packet checked that).

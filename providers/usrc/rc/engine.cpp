@@ -292,7 +292,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
     // takes the PSN; the WQE stays until it is acknowledged.
     qp.local.placed++;
     count(Counter::direct_writes);
-    placed_since_pass.store(true, std::memory_order_relaxed);
+    completed_at_post.store(true, std::memory_order_relaxed);
     if (qp.sq_sig_all || (wr.flags & kSignaled))
       push(qp.send_cq, {wr.wr_id, WcStatus::success, WcOpcode::rdma_write, false, false,
                         w.length, 0, qp.qpn, 0, 0, stamp()});
@@ -317,7 +317,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
 // here): a stream of WRITEs goes faster through the ring, where the copy
 // out runs on the receiver's core while the sender copies the next one in.
 bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
-  if (wr.opcode != WrOpcode::rdma_write || len > tun_.direct_write || !qp.local.same_host ||
+  if (wr.opcode != WrOpcode::rdma_write || qp.type != QpType::rc || len > tun_.direct_write || !qp.local.same_host ||
       qp.state != QpState::rts || qp.attr.rate_bps || qp.local.placed >= kPlacedSlack ||
       qp.sq.tail - qp.sq.head != qp.local.placed || qp.req.tx_psn != qp.req.next_psn ||
       qp.local.polls_at_post == polls.load(std::memory_order_relaxed))
@@ -369,8 +369,8 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
     }
   } scope{*this, to};
   if (to) direct = *to;
-  if (placed_since_pass.load(std::memory_order_relaxed))
-    placed_since_pass.store(false, std::memory_order_relaxed);
+  if (completed_at_post.load(std::memory_order_relaxed))
+    completed_at_post.store(false, std::memory_order_relaxed);
   const auto &t = tun_;
   net::RxPacket *pkts = rx_pkts_.data();
   size_t batch = std::min<size_t>(t.rx_batch ? t.rx_batch : 32, rx_pkts_.size());
@@ -527,17 +527,18 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       return;
     }
   }
-  // RC and UD opcodes only (IBA 9.2.1: transport 000b, 011b), and our
-  // placed-WRITE notice from this host's shared memory.
+  // RC, UC and UD opcodes only (IBA 9.2.1: transport 000b, 001b, 011b), and
+  // our placed-WRITE notice from this host's shared memory.
   const uint32_t mask = v.p.info->mask;
-  if (!(mask & (wire::IS_RC | wire::IS_UD)) &&
+  if (!(mask & (wire::IS_RC | wire::IS_UC | wire::IS_UD)) &&
       !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
     count(Counter::malformed_drops);
     return;
   }
   Qp *qp = find_qp(v.p.h.bth.dest_qp);
-  // (A datagram for a QP of another service is for no QP here.)
-  if (!qp || ((mask & wire::IS_UD) != 0) != (qp->type == QpType::ud)) {
+  // (A packet of another service than the QP's is for no QP here.)
+  const QpType service = (mask & wire::IS_UD) ? QpType::ud : (mask & wire::IS_UC) ? QpType::uc : QpType::rc;
+  if (!qp || service != qp->type) {
     count(Counter::unknown_qp_drops);
     return;
   }
@@ -567,6 +568,7 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       count(Counter::unknown_qp_drops);
       return;
     }
+    if (qp->type == QpType::uc) return uc_rx(*qp, v);
     responder_rx(*qp, v);
     if (qp->resp.held) drain_held(*qp);
   } else {

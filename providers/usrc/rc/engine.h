@@ -190,10 +190,11 @@ class Engine {
   // `usrc stats` reads them as they are made, even after a kill).
   std::array<uint64_t, kNumCounters> own_counters{};
   uint64_t *counters = own_counters.data();
-  // A post completed a WQE by placing it since the last progress pass: a
-  // poll that finds that completion should still receive (the peer's
-  // notices and ACKs), as an empty poll would. Read without the lock.
-  alignas(64) std::atomic<bool> placed_since_pass{false};
+  // A post completed a WQE since the last progress pass (a placed WRITE, a
+  // UC or UD send, done once sent): a poll that finds that completion
+  // should still receive (the peer's notices, ACKs and requests), as an
+  // empty poll would. Read without the lock.
+  alignas(64) std::atomic<bool> completed_at_post{false};
   // Calls to poll a CQ of this context (a heuristic, racy by design): an
   // application that polls between two posts on a QP waits for each one.
   std::atomic<uint32_t> polls{0};
@@ -376,6 +377,7 @@ class Engine {
   }
   void srq_limit(RecvQueue &q);
   void datagram_rx(Qp &qp, const struct PacketView &v, size_t pkt_len);
+  void uc_rx(Qp &qp, const struct PacketView &v);
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);
   void drop_held(Qp &qp);

@@ -239,11 +239,12 @@ struct LocalPath {
   uint32_t polls_at_post = ~0u;   // Engine::polls at the last post_send
 };
 
-// The transport service (IBA 9.8.2): reliable connected, or unreliable
-// datagram (datagram.cpp), which sends each WR as one packet to the WR's
-// address, with no acknowledgement, and takes datagrams from anyone that
-// has the QP's Q_Key.
-enum class QpType : uint8_t { rc, ud };
+// The transport service (IBA 9.8.2): reliable connected; unreliable
+// connected, the same requester whose packets count as acknowledged once
+// sent and a responder that drops what it cannot take (datagram.cpp); or
+// unreliable datagram (datagram.cpp), which sends each WR as one packet to
+// the WR's address and takes datagrams from anyone that has the QP's Q_Key.
+enum class QpType : uint8_t { rc, uc, ud };
 
 struct Qp {
   Qp() = default;

@@ -13,9 +13,10 @@ namespace usrc::rc {
 
 using wire::Opcode;
 
-// The BTH opcode of packet k of w's message (the WR opcode table's).
-[[gnu::always_inline]] inline static uint8_t request_opcode(const SendWqe &w, uint32_t k) {
-  return request_opcode(wr_info(w.wr.opcode), k, w.npkts);
+// The BTH opcode of packet k of w's message (the WR opcode table's, an RC
+// one; UC's SENDs and WRITEs are the same at 0x20 on, IBA 9.2.1).
+[[gnu::always_inline]] inline static uint8_t request_opcode(const Qp &qp, const SendWqe &w, uint32_t k) {
+  return request_opcode(wr_info(w.wr.opcode), k, w.npkts) | (qp.type == QpType::uc ? 0x20 : 0);
 }
 
 // Transmits what the window allows: new packets and, after go_back_n(),
@@ -99,6 +100,10 @@ void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
   }
   qp.req.tx_psn = next;
   if (qp.req.tx_psn == psn_add(w.first_psn, w.npkts)) qp.req.tx_pos++;
+  // UC: what is sent is done (IBA 9.8.2: no acknowledgement): the WQEs
+  // whose last packet left complete, as an ACK would complete them.
+  if (qp.type == QpType::uc && ack_through(qp, psn_add(next, kPsnMask)))
+    completed_at_post.store(true, std::memory_order_relaxed);
 }
 
 // The common small message, sent as it is posted: one packet, all before
@@ -150,7 +155,7 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
   w.npkts = 1;
   w.rd_before = qp.req.rd_posted;
   w.first_psn = psn;
-  const uint8_t op = request_opcode(w, 0);
+  const uint8_t op = request_opcode(qp, w, 0);
   const uint32_t pad = wire::pad_for(len);
   w.small = true;
   w.reth_immdt = static_cast<uint8_t>(wire::kOpcodeTable[op].mask & (wire::HAS_RETH | wire::HAS_IMMDT));
@@ -270,7 +275,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
       h.bth.opcode = static_cast<uint8_t>(Opcode::USRC_WRITE_PLACED);
       h.reth = {w.wr.remote_va, w.wr.rkey, w.length};
     } else {
-      h.bth.opcode = request_opcode(w, 0);
+      h.bth.opcode = request_opcode(qp, w, 0);
       // A READ asked for in pieces, or resent from a response gap, asks for
       // the bytes of PSNs [psn, next).
       uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.attr.pmtu, w.length);
@@ -289,8 +294,10 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   // window keeps moving during long messages.
   const uint32_t every = tun_.ack_every;
   TxSlot &s = tx_slot();
-  uint8_t *p = wire::put_request(s.hdr, request_opcode(w, k), last && (w.wr.flags & kSolicited), len,
-                                 qp.attr.dest_qpn, ack_req || last || (every && (psn % every) == 0), psn,
+  // (UC asks for no ACK.)
+  uint8_t *p = wire::put_request(s.hdr, request_opcode(qp, w, k), last && (w.wr.flags & kSolicited), len,
+                                 qp.attr.dest_qpn,
+                                 qp.type == QpType::rc && (ack_req || last || (every && (psn % every) == 0)), psn,
                                  w.wr.remote_va, w.wr.rkey, w.length, w.wr.imm_be);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {

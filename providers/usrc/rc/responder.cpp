@@ -555,4 +555,66 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   send_atomic_ack(qp, psn, orig);
 }
 
+// UC responder (IBA 9.7.4 less acknowledgement, 10.8.3.2): packets are
+// taken in order; a PSN gap abandons the message in progress (a SEND's WQE
+// stays for the next message) and packets are taken again from the next
+// FIRST or ONLY. A message that fails a check (no receive, too long, a
+// bad rkey) is dropped from there on; what completes, completes as RC's.
+// The QP stays in RTR or RTS throughout.
+void Engine::uc_rx(Qp &qp, const PacketView &v) {
+  RespState &s = qp.resp;
+  const uint32_t mask = v.p.info->mask, len = static_cast<uint32_t>(v.p.payload_len);
+  const bool first = mask & wire::IS_FIRST, last = mask & wire::IS_LAST, send = mask & wire::IS_SEND;
+  const bool imm = mask & wire::HAS_IMMDT;
+  const wire::Headers &h = v.p.h;
+  if (v.psn() != s.epsn) s.in_msg = false;   // a gap: the message in progress is lost
+  s.epsn = psn_add(v.psn(), 1);
+  note_first_request(qp);
+  const auto drop = [&](Counter c) {
+    s.in_msg = false;
+    count(c);
+  };
+  if (!first && (!s.in_msg || s.in_send != send)) return drop(Counter::uc_drops);   // (the rest of a lost one)
+  if ((!last && len != qp.attr.pmtu) || len > qp.attr.pmtu) return drop(Counter::uc_drops);
+  s.in_msg = !last;
+  s.in_send = send;
+  if (send) {
+    if (first) {
+      if (!recv_wqe(qp)) return drop(Counter::no_recv_drops);
+      s.recv_offset = 0;
+      if (!last && !s.has_cur) take_recv(qp);
+    }
+    const RecvWqe &r = *recv_wqe(qp);
+    if (uint64_t(s.recv_offset) + len > r.length) {
+      complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
+      return drop(Counter::uc_drops);
+    }
+    if (!execute_send(qp, r, s.recv_offset, v.p.payload, len)) {
+      complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
+      return drop(Counter::uc_drops);
+    }
+    if (last) complete_recv(qp, WcStatus::success, WcOpcode::recv, s.recv_offset, imm, h.imm_be, h.bth.se);
+    return;
+  }
+  // RDMA WRITE: the RETH of its first packet, every packet's range resolved
+  // again (as RC's check_rkey).
+  if (first) {
+    s.write_len = s.write_left = h.reth.dma_len;
+    s.write_va = h.reth.va;
+    s.write_rkey = h.reth.rkey;
+  }
+  if (len > s.write_left || (last && len != s.write_left)) return drop(Counter::uc_drops);
+  if (len) {
+    uint8_t *to = (qp.attr.access & kAccessRemoteWrite)
+                      ? mem_->resolve(qp.pd, s.write_rkey, s.write_va, len, kAccessRemoteWrite) : nullptr;
+    if (!to || !guard::copy(to, v.p.payload, len)) return drop(Counter::uc_drops);
+  }
+  s.write_va += len;
+  s.write_left -= len;
+  if (last && imm) {
+    if (!recv_wqe(qp)) return drop(Counter::no_recv_drops);
+    complete_recv(qp, WcStatus::success, WcOpcode::recv_rdma_with_imm, s.write_len, true, h.imm_be, h.bth.se);
+  }
+}
+
 }  // namespace usrc::rc

@@ -180,8 +180,14 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.node_guid = htobe64(cfg.node_guid);
   o.sys_image_guid = htobe64(cfg.node_guid);
   o.max_mr_size = UINT64_MAX;
-  o.page_size_cap = 4096;
-  o.vendor_id = 0;             // no IEEE OUI
+  // Every page size from 4 KiB: nothing is pinned or translated by pages.
+  o.page_size_cap = ~uint64_t{0xfff};
+  // vendor_id is an IEEE OUI, and usrc has none. 0 reads as "not filled
+  // in" (rdma-core's pyverbs tests fail it), and 0xFFFFFF is rxe's (SPDK
+  // keys rxe's quirks on it). 02-55-53 is locally administered (0x02 in the
+  // first octet, as in our node GUIDs), which the IEEE never assigns, so no
+  // tool's table of a vendor's devices matches it; "US" as in vendor_part_id.
+  o.vendor_id = 0x025553;
   // Not in perftest's device table: perftest then uses ibv_post_send.
   o.vendor_part_id = Tunables::get().vendor_part_id;
   o.hw_ver = 1;

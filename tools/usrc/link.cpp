@@ -176,6 +176,9 @@ int link_add(const LinkAddArgs &a) {
   c.backend = *backend;
   c.provider = a.provider;
   c.node_guid = make_guid(a.name, c.ipv4);
+  // The netdev was found by name in this process's namespace: the device is
+  // that namespace's (the provider offers it there only).
+  c.netns = net_namespace();
 
   // GID table: IB: the port GID (fe80::/64 + GUID) then the IPv4-mapped
   // addresses; RoCE v2: the IPv4-mapped addresses.

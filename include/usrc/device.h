@@ -23,6 +23,11 @@ inline std::string counters_dir(const std::string &name) {
 }
 constexpr const char *kConfigFile = "usrc.conf";   // inside ibdev_dir(name)
 
+// The calling thread's network namespace: the inode of its
+// /proc/thread-self/ns/net (every namespace is a file of the one nsfs, so
+// the inode alone tells them apart). 0 if /proc cannot tell.
+uint64_t net_namespace();
+
 enum class LinkLayer { ib, roce };
 
 // NIC backends: udp (kernel sockets), xdp (AF_XDP), ofi (libfabric). Their
@@ -47,6 +52,11 @@ struct DeviceConfig {
   uint32_t gid_tbl_len = 1;
   Backend backend = Backend::udp;
   std::string provider;         // ofi: libfabric provider name (empty: "udp")
+  // The network namespace of the netdev (net_namespace() of `link add`,
+  // which found the netdev by name in its own). The provider offers the
+  // device only to processes of that namespace. 0: not recorded (a device
+  // made by an older usrc): offered in every namespace, as it was then.
+  uint64_t netns = 0;
 
   std::string serialize() const;
   static std::optional<DeviceConfig> parse(const std::string &text,

@@ -107,23 +107,37 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
   return &c->vctx;
 }
 
+// The configuration in the directory libibverbs found (the tree may live
+// under another root than USRC_ROOT).
+static std::optional<DeviceConfig> found_config(const verbs_sysfs_dev *sdev, std::string *err) {
+  std::ifstream f(std::string(sdev->ibdev_path) + "/" + kConfigFile);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return DeviceConfig::parse(ss.str(), err);
+}
+
 static bool match_device(verbs_sysfs_dev *sdev) {
   // A usrc device is one whose sysfs directory holds our config file.
   std::string path = std::string(sdev->ibdev_path) + "/" + kConfigFile;
-  return access(path.c_str(), R_OK) == 0;
+  if (access(path.c_str(), R_OK) != 0) return false;
+  // The tree is one for every network namespace, but a device belongs to
+  // its netdev's: elsewhere that netdev is another or none, the address
+  // cannot be bound and no port event comes. So it is offered there only,
+  // as the kernel offers RDMA devices in its exclusive netns mode. Not
+  // matching keeps libibverbs quiet (it reports a device no driver takes
+  // only under IBV_SHOW_WARNINGS), where a failed alloc_device would print.
+  // Offered anyway: a device whose namespace was not recorded (an older
+  // usrc made it), when /proc cannot tell ours, and a configuration that
+  // does not parse (alloc_device says what is wrong with it).
+  auto cfg = found_config(sdev, nullptr);
+  const uint64_t here = net_namespace();
+  return !cfg || !cfg->netns || !here || cfg->netns == here;
 }
 
 static verbs_device *alloc_device_ops(verbs_sysfs_dev *sdev) {
   std::string err;
   auto cfg = DeviceConfig::load(sdev->ibdev_name, &err);
-  if (!cfg) {
-    // The tree may live under another root than USRC_ROOT: read it from
-    // the path libibverbs found.
-    std::ifstream f(std::string(sdev->ibdev_path) + "/" + kConfigFile);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    cfg = DeviceConfig::parse(ss.str(), &err);
-  }
+  if (!cfg) cfg = found_config(sdev, &err);
   if (!cfg) {
     fprintf(stderr, "usrc: %s: bad device configuration: %s\n", sdev->ibdev_name, err.c_str());
     return nullptr;
@@ -182,8 +196,14 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.node_guid = htobe64(cfg.node_guid);
   o.sys_image_guid = htobe64(cfg.node_guid);
   o.max_mr_size = UINT64_MAX;
-  o.page_size_cap = 4096;
-  o.vendor_id = 0;             // no IEEE OUI
+  // Every page size from 4 KiB: nothing is pinned or translated by pages.
+  o.page_size_cap = ~uint64_t{0xfff};
+  // vendor_id is an IEEE OUI, and usrc has none. 0 reads as "not filled
+  // in" (rdma-core's pyverbs tests fail it), and 0xFFFFFF is rxe's (SPDK
+  // keys rxe's quirks on it). 02-55-53 is locally administered (0x02 in the
+  // first octet, as in our node GUIDs), which the IEEE never assigns, so no
+  // tool's table of a vendor's devices matches it; "US" as in vendor_part_id.
+  o.vendor_id = 0x025553;
   // Not in perftest's device table: perftest then uses ibv_post_send.
   o.vendor_part_id = Tunables::get().vendor_part_id;
   o.hw_ver = 1;

@@ -99,3 +99,22 @@ TEST_CASE("the shared config reader: words, line numbers, numbers", "[config]") 
   CHECK(config::to_uint("10", 100, true) == 10u);
   CHECK_FALSE(config::to_uint("0x", 100, true));
 }
+
+TEST_CASE("usrc.conf: the network namespace round-trips; a device without one has 0", "[config]") {
+  CHECK(net_namespace() != 0);   // (this test's own: /proc is mounted)
+  DeviceConfig c;
+  c.name = "t0";
+  c.ipv4 = 0x7f000001;
+  CHECK(c.serialize().find("netns=") == std::string::npos);   // 0: not written
+  c.netns = 4026531840ull;
+  auto back = DeviceConfig::parse(c.serialize());
+  REQUIRE(back);
+  CHECK(back->netns == 4026531840ull);
+  // A device made before namespaces were recorded.
+  auto old = DeviceConfig::parse("name=t0\nipv4=127.0.0.1\n");
+  REQUIRE(old);
+  CHECK(old->netns == 0);
+  std::string err;
+  CHECK_FALSE(DeviceConfig::parse("name=t0\nipv4=127.0.0.1\nnetns=net:[4026531840]\n", &err));
+  CHECK(err.find("line 3: bad netns") == 0);
+}

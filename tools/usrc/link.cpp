@@ -176,6 +176,9 @@ int link_add(const LinkAddArgs &a) {
   c.backend = *backend;
   c.provider = a.provider;
   c.node_guid = make_guid(a.name, c.ipv4);
+  // The netdev was found by name in this process's namespace: the device is
+  // that namespace's (the provider offers it there only).
+  c.netns = net_namespace();
 
   // GID table: IB: the port GID (fe80::/64 + GUID) then the IPv4-mapped
   // addresses; RoCE v2: the IPv4-mapped addresses.
@@ -210,6 +213,13 @@ int link_add(const LinkAddArgs &a) {
     write_file(tmp / "board_id", "USRC_UDP\n");
     write_file(tmp / "hca_type", "usrc\n");
     write_file(tmp / "node_desc", "usrc " + a.name + " (" + a.netdev + ")\n");
+    // device/net/IF: where tools look for an RDMA device's netdev, as under
+    // a NIC's device in sysfs (rdma-core's tests, for one). As in sysfs it
+    // is the netdev's own directory: a link to /sys/class/net/IF, resolved
+    // in the reader's /sys (`ip netns exec` mounts its namespace's), and
+    // only processes of the device's namespace are offered the device.
+    fs::create_directories(tmp / "device/net");
+    fs::create_symlink("/sys/class/net/" + a.netdev, tmp / "device/net" / a.netdev);
     fs::path port = tmp / "ports/1";
     write_file(port / "state", "4: ACTIVE\n");
     write_file(port / "phys_state", "5: LinkUp\n");

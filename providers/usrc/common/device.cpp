@@ -3,6 +3,7 @@
 #include "usrc/common/config_text.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +16,11 @@ namespace usrc {
 std::string root_dir() {
   const char *r = std::getenv("USRC_ROOT");
   return (r && *r) ? std::string(r) : std::string("/run/usrc");
+}
+
+uint64_t net_namespace() {
+  struct stat st {};
+  return stat("/proc/thread-self/ns/net", &st) == 0 ? st.st_ino : 0;
 }
 
 static const char *const kCounterNames[] = {
@@ -56,6 +62,7 @@ std::string DeviceConfig::serialize() const {
     << "gid_tbl_len=" << gid_tbl_len << "\n"
     << "backend=" << backend_name(backend) << "\n";
   if (!provider.empty()) o << "provider=" << provider << "\n";
+  if (netns) o << "netns=" << netns << "\n";
   return o.str();
 }
 
@@ -92,6 +99,7 @@ std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::st
       if (!b) return "bad backend: " + val;
       c.backend = *b;
     } else if (k == "provider") c.provider = val;
+    else if (k == "netns") return number(c.netns, UINT64_MAX);
     // Unknown keys are ignored so that newer tools can add keys.
     return "";
   };

@@ -3,6 +3,7 @@
 // writer finds a ring of its own process, and how rings of owners gone are
 // let go, in a child of fork() too. (shm.h; the ring itself: shm_ring.cpp.)
 #include "usrc/net/shm_layout.h"
+#include "usrc/device.h"   // net_namespace
 
 #include <fcntl.h>
 #include <poll.h>
@@ -199,10 +200,6 @@ struct LocalRing {
 };
 std::mutex local_mu;
 std::vector<LocalRing> local_rings;
-uint64_t net_namespace() {
-  struct stat st {};
-  return stat("/proc/thread-self/ns/net", &st) == 0 ? st.st_ino : 0;
-}
 }  // namespace
 
 

@@ -190,6 +190,9 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
     std::lock_guard g(c.engine().mu);
     const uint32_t key = vmr->ibmr.lkey;
     c.engine().local_peers().withdraw(key);
+    // WQEs posted before write through it no more (an lkey is checked
+    // when used: the old range or access may be gone).
+    c.engine().invalidate_lkey(key);
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
       mr->addr = static_cast<uint8_t *>(addr);
       mr->iova = reinterpret_cast<uintptr_t>(addr);
@@ -218,6 +221,7 @@ int dereg_mr(verbs_mr *vmr) {
     // rkeys under the same lock.
     std::lock_guard g(c.engine().mu);
     c.remove_mr(vmr->ibmr.lkey);
+    c.engine().invalidate_lkey(vmr->ibmr.lkey);   // (posted WQEs must not write into it)
     c.engine().local_peers().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)
   }
   mr->pd->users--;

@@ -322,7 +322,7 @@ static inline uint8_t *map_sge(Context &c, const Pd *pd, const ibv_sge &in, bool
                                              bool write, uint64_t *total = nullptr) {
   uint64_t sum = 0;
   for (int i = 0; i < n; i++) {
-    out[i] = {reinterpret_cast<uint8_t *>(in[i].addr), in[i].length};
+    out[i] = {reinterpret_cast<uint8_t *>(in[i].addr), in[i].length, in[i].lkey};
     sum += in[i].length;
     if (in[i].length == 0) continue;
     out[i].addr = map_sge(c, pd, in[i], write);
@@ -505,10 +505,24 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   return err;
 }
 
-bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *w, uint64_t *len) {
+// A receive's SGEs are checked at post time as a send's are, but one that
+// fails is not an error yet: the WQE is posted, its SGE pointed at
+// rc::Engine::poison(), and it completes with a local protection error
+// when a message uses it (the requester sees a remote operational error),
+// as an lkey checked when the data arrives would.
+void map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *w, uint64_t *len) {
   w->wr_id = wr.wr_id;
   w->num_sge = static_cast<uint32_t>(wr.num_sge);
-  return map_sges(c, pd, wr.sg_list, wr.num_sge, w->sge, true, len);
+  uint64_t sum = 0;
+  for (int i = 0; i < wr.num_sge; i++) {
+    const ibv_sge &g = wr.sg_list[i];
+    w->sge[i] = {reinterpret_cast<uint8_t *>(g.addr), g.length, g.lkey};
+    sum += g.length;
+    if (!g.length) continue;
+    w->sge[i].addr = map_sge(c, pd, g, true);
+    if (!w->sge[i].addr) w->sge[i].addr = rc::Engine::poison();
+  }
+  *len = sum;
 }
 
 // The general path: a list of WRs, any number of SGEs, and every error.
@@ -532,10 +546,7 @@ bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
         break;
       }
       uint64_t len;
-      if (!map_recv_sges(c, pd, *wr, w, &len)) {
-        e.post_error(*qp->t, wr->wr_id, rc::WcOpcode::recv, rc::WcStatus::loc_prot_err, true);
-        continue;
-      }
+      map_recv_sges(c, pd, *wr, w, &len);
       e.post_recv_slot(*qp->t, len);
     }
   }
@@ -563,7 +574,7 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
     if (w && (addr = map_sge(c, to_pd(ibqp->pd), sge, true))) {
       w->wr_id = wr->wr_id;
       w->num_sge = 1;
-      w->sge[0] = {addr, sge.length};
+      w->sge[0] = {addr, sge.length, sge.lkey};
       e.post_recv_slot(t, sge.length);
       done = true;
     }

@@ -29,6 +29,14 @@ ibv_srq *create_srq(ibv_pd *ibpd, ibv_srq_init_attr *ia) {
   }
   srq->ctx = &c;
   srq->q.user = srq;
+  {
+    std::lock_guard g(c.engine().mu);
+    if (!no_throw([&] { c.engine().add_srq(&srq->q); }, &e)) {
+      delete srq;
+      errno = e;
+      return nullptr;
+    }
+  }
   srq->vsrq.srq_type = IBV_SRQT_BASIC;
   // (libibverbs' ibv_create_srq sets these too; ibv_create_srq_ex's way
   // to us does not.)
@@ -95,14 +103,18 @@ int query_srq(ibv_srq *ibsrq, ibv_srq_attr *attr) {
 int destroy_srq(ibv_srq *ibsrq) {
   Srq *srq = to_srq(ibsrq);
   if (srq->qps.load()) return EBUSY;   // QPs still take from it
+  {
+    std::lock_guard g(srq->ctx->engine().mu);
+    srq->ctx->engine().remove_srq(&srq->q);
+  }
   to_pd(ibsrq->pd)->users--;
   delete srq;
   return 0;
 }
 
-// Receives are checked as a QP's are (map_recv_sges); one that fails a
-// check has no QP to complete on: it is refused with EINVAL, as are the
-// WRs after it.
+// Receives are checked as a QP's are (map_recv_sges): one that fails a
+// check completes with a local protection error on the QP whose message
+// uses it.
 int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Srq *srq = to_srq(ibsrq);
   Context &c = *srq->ctx;
@@ -116,10 +128,11 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
       break;
     }
     uint64_t len;
-    if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge) || !map_recv_sges(c, pd, *wr, w, &len)) {
+    if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge)) {
       err = EINVAL;
       break;
     }
+    map_recv_sges(c, pd, *wr, w, &len);
     rc::Engine::post_recv_slot(srq->q, len);
   }
   if (err && bad) *bad = wr;

@@ -82,3 +82,57 @@ TEST_CASE("an MR's on-demand bit in a QP's access flags is accepted (as the kern
   CHECK(to_init(a.qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND) == 0);
   CHECK(to_init(a.qp, IBV_ACCESS_MW_BIND) == EINVAL);
 }
+
+TEST_CASE("a receive whose MR is deregistered or re-registered after the post fails when used; nothing is written where the MR was", "[verbs][mr]") {
+  Dev d;
+  Qp a(d), b(d);
+  Params p;
+  p.retry = getenv("USRC_TEST_LOSSY") ? 7 : 1;
+  connect_pair(d, a, b, p, p);
+  const size_t len = 8192;
+  auto *region = static_cast<uint8_t *>(mmap(nullptr, 2 * len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(region != MAP_FAILED);
+  std::memset(region, 0x11, 2 * len);
+  std::vector<uint8_t> src(len, 0xee);
+  ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), len, 0);
+  ibv_mr *m1 = ibv_reg_mr(d.pd, region, len, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *m2 = ibv_reg_mr(d.pd, region + len, len, IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(ms);
+  REQUIRE(m1);
+  REQUIRE(m2);
+  // m1 deregistered, m2 moved elsewhere, after each had a receive posted.
+  ibv_sge r1{uintptr_t(region), uint32_t(len), m1->lkey}, r2{uintptr_t(region + len), uint32_t(len), m2->lkey};
+  REQUIRE(post_recv(b.qp, 1, &r1, 1) == 0);
+  REQUIRE(post_recv(b.qp, 2, &r2, 1) == 0);
+  std::vector<uint8_t> other(len, 0);
+  REQUIRE(ibv_dereg_mr(m1) == 0);
+  REQUIRE(ibv_rereg_mr(m2, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, other.data(), len, 0) == 0);
+  ibv_sge s{uintptr_t(src.data()), uint32_t(len), ms->lkey};
+  REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  auto ws = poll(a.cq, 1);
+  REQUIRE(ws.size() == 1);
+  CHECK(remote_error(ws[0].status, IBV_WC_REM_OP_ERR));
+  auto wr = poll(b.cq, 2);
+  REQUIRE(wr.size() >= 1);
+  CHECK(wr[0].wr_id == 1);
+  CHECK(wr[0].status == IBV_WC_LOC_PROT_ERR);
+  // Neither the old ranges nor the new one were written.
+  CHECK(std::all_of(region, region + 2 * len, [](uint8_t v) { return v == 0x11; }));
+  CHECK(std::all_of(other.begin(), other.end(), [](uint8_t v) { return v == 0; }));
+  // A receive with a wrong lkey is posted, and fails the same way when used.
+  Qp c(d), e(d);
+  connect_pair(d, c, e, p, p);
+  ibv_sge wrong{uintptr_t(other.data()), uint32_t(len), m2->lkey ^ 0x3300};
+  REQUIRE(post_recv(e.qp, 3, &wrong, 1) == 0);
+  REQUIRE(post_send(c.qp, 2, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
+  ws = poll(c.cq, 1);
+  REQUIRE(ws.size() == 1);
+  CHECK(remote_error(ws[0].status, IBV_WC_REM_OP_ERR));
+  wr = poll(e.cq, 1);
+  REQUIRE(wr.size() == 1);
+  CHECK(wr[0].status == IBV_WC_LOC_PROT_ERR);
+  CHECK(std::all_of(other.begin(), other.end(), [](uint8_t v) { return v == 0; }));
+  ibv_dereg_mr(m2);
+  ibv_dereg_mr(ms);
+  munmap(region, 2 * len);
+}

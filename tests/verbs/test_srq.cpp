@@ -165,11 +165,9 @@ TEST_CASE("SRQ misuse: clean errors (EBUSY, EINVAL, ENOMEM), nothing posted by a
     CHECK(qi.srq == s.srq);
     CHECK(b.qp->srq == s.srq);
   }
-  // A wrong lkey, too many SGEs: EINVAL and the WR named.
-  ibv_sge bad_key{uintptr_t(buf.data()), 64, m->lkey ^ 0x5a5a};
+  // Too many SGEs: EINVAL and the WR named. (A wrong lkey is posted: the
+  // WQE fails when a message uses it, see the [mr] tests.)
   ibv_recv_wr *bad = nullptr;
-  CHECK(post_srq(s.srq, 1, &bad_key, 1, &bad) == EINVAL);
-  CHECK(bad != nullptr);
   ibv_sge many[9];
   for (auto &g : many) g = r;
   CHECK(post_srq(s.srq, 1, many, 9, &bad) == EINVAL);

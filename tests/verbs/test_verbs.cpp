@@ -322,9 +322,12 @@ TEST_CASE("local checks: bad lkey, MR of another PD, range", "[verbs]") {
     ibv_sge s{uintptr_t(buf.data()) + 1000, 64, m->lkey};
     REQUIRE(post_send(a.qp, 1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED) == 0);
   }
-  SECTION("receive into an MR without local write") {
+  SECTION("receive into an MR without local write: fails when a message uses it") {
     ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
     REQUIRE(post_recv(a.qp, 1, &s, 1) == 0);
+    uint8_t msg[16] = {};
+    ibv_sge inl{uintptr_t(msg), sizeof msg, 0};
+    REQUIRE(post_send(b.qp, 9, IBV_WR_SEND, &inl, 1, IBV_SEND_INLINE) == 0);
   }
   auto wc = poll(a.cq, 1, 2);
   REQUIRE(wc.size() == 1);
@@ -369,13 +372,16 @@ TEST_CASE("a lone receive of one buffer: errors as for any receive", "[verbs]") 
       CHECK(wc[i].status == IBV_WC_WR_FLUSH_ERR);
     }
   }
-  SECTION("unknown lkey, outside the MR: completes with LOC_PROT_ERR") {
+  SECTION("unknown lkey, outside the MR: completes with LOC_PROT_ERR when a message uses it") {
     Qp a(d), b(d);
     connect_pair(d, a, b);
     ibv_sge bad_key{uintptr_t(buf.data()), 64, m->lkey + 777};
     ibv_sge outside{uintptr_t(buf.data()) + 1000, 64, m->lkey};
     REQUIRE(post_recv(a.qp, 1, &bad_key, 1) == 0);
     REQUIRE(post_recv(a.qp, 2, &outside, 1) == 0);
+    uint8_t msg[16] = {};
+    ibv_sge inl{uintptr_t(msg), sizeof msg, 0};
+    REQUIRE(post_send(b.qp, 9, IBV_WR_SEND, &inl, 1, IBV_SEND_INLINE) == 0);
     auto wc = poll(a.cq, 2, 2);
     REQUIRE(wc.size() >= 1);
     CHECK(wc[0].wr_id == 1);
@@ -1920,4 +1926,37 @@ TEST_CASE("CQ overrun: CQ_ERR, and the QP to the error state with QP_FATAL", "[v
   CHECK(ibv_destroy_cq(small) == 0);
   CHECK(ibv_dereg_mr(mr) == 0);
   CHECK(ibv_dereg_mr(mt) == 0);
+}
+
+TEST_CASE("a QP moved to RESET leaves none of its unpolled completions in the CQ; other QPs' stay", "[verbs]") {
+  Dev d;
+  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_qp *q[2];
+  for (auto &qp : q) {
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap = {4, 4, 1, 1, 0};
+    qp = ibv_create_qp(d.pd, &ia);
+    REQUIRE(qp);
+    REQUIRE(to_init(qp, 0) == 0);
+  }
+  std::vector<uint8_t> buf(64);
+  ibv_mr *m = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge s{uintptr_t(buf.data()), 64, m->lkey};
+  for (int i = 0; i < 2; i++) REQUIRE(post_recv(q[0], 10 + i, &s, 1) == 0);
+  REQUIRE(post_recv(q[1], 20, &s, 1) == 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  for (auto *qp : q) REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);   // three flushed completions
+  a.qp_state = IBV_QPS_RESET;
+  REQUIRE(ibv_modify_qp(q[0], &a, IBV_QP_STATE) == 0);
+  auto wc = poll(cq, 3, 0.3);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].wr_id == 20);
+  CHECK(wc[0].qp_num == q[1]->qp_num);
+  for (auto *qp : q) ibv_destroy_qp(qp);
+  ibv_dereg_mr(m);
+  ibv_destroy_cq(cq);
 }

@@ -43,4 +43,16 @@ void Cq::resize(uint32_t depth) {
   tail_.store(used, std::memory_order_release);
 }
 
+void Cq::clean(uint32_t qpn) {
+  std::lock_guard g(mu_);   // (pollers out; the producer is the caller)
+  const size_t h = head_.load(std::memory_order_relaxed), t = tail_.load(std::memory_order_relaxed);
+  size_t w = h;
+  for (size_t r = h; r != t; r = next(r)) {
+    if (ring_[r].qp_num == qpn) continue;
+    if (w != r) ring_[w] = ring_[r];
+    w = next(w);
+  }
+  tail_.store(w, std::memory_order_release);
+}
+
 }  // namespace usrc::rc

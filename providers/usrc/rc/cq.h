@@ -88,6 +88,10 @@ class Cq {
   bool rearm_if_empty();
   // Under the engine lock; fails silently if current entries do not fit.
   void resize(uint32_t depth);
+  // Drops the completions of QP qpn not yet polled, the others kept in
+  // order: the QP went back to RESET (as the kernel's drivers clean the
+  // CQ then). Under the engine lock.
+  void clean(uint32_t qpn);
 
  private:
   size_t next(size_t i) const { return i + 1 == size_ ? 0 : i + 1; }

@@ -1,3 +1,5 @@
+#include <sys/mman.h>
+
 #include "usrc/rc/engine.h"
 
 #include <cstring>
@@ -143,6 +145,8 @@ void Engine::set_state(Qp &qp, QpState s) {
     qp.local.in_place = qp.type == QpType::rc && qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
   switch (s) {
     case QpState::reset:
+      for (Cq *cq : {qp.send_cq, qp.recv_cq})
+        if (cq) cq->clean(qp.qpn);
       qp.sq.clear();
       if (!qp.on_srq()) qp.rq->clear();
       qp.resp.has_cur = false;
@@ -325,6 +329,35 @@ bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
   iovec iov[kMaxSge];
   for (uint32_t i = 0; i < wr.num_sge; i++) iov[i] = {wr.sge[i].addr, wr.sge[i].length};
   return lp_->place(qp.attr.peer, qp.attr.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
+}
+
+uint8_t *Engine::poison() {
+  // Reserved once, never made accessible; a failed reservation (an
+  // address-space limit) falls back to the top page, never mapped on Linux.
+  static uint8_t *const p = [] {
+    void *m = mmap(nullptr, size_t{1} << 32, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return m == MAP_FAILED ? reinterpret_cast<uint8_t *>(~uintptr_t{0xfff}) : static_cast<uint8_t *>(m);
+  }();
+  return p;
+}
+
+void Engine::invalidate_lkey(uint32_t key) {
+  const auto poison_sges = [&](Sge *sge, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+      if (sge[i].lkey == key && sge[i].length) sge[i].addr = poison();
+  };
+  const auto walk_rq = [&](RecvQueue &q) {
+    for (uint64_t p = q.head; p != q.tail; p++) poison_sges(q.at(p).wr.sge, q.at(p).wr.num_sge);
+  };
+  for (Qp *qp : live_) {
+    if (!qp->on_srq()) walk_rq(qp->own_rq);
+    if (qp->resp.has_cur) poison_sges(qp->resp.cur.wr.sge, qp->resp.cur.wr.num_sge);
+    for (uint64_t p = qp->sq.head; p != qp->sq.tail; p++) {
+      SendWqe &w = qp->sq.at(p);
+      if (is_rd_atomic(w.wr.opcode)) poison_sges(w.wr.sge, w.wr.num_sge);
+    }
+  }
+  for (RecvQueue *q : srqs_) walk_rq(*q);
 }
 
 void Engine::srq_limit(RecvQueue &q) {

@@ -152,6 +152,17 @@ class Engine {
   void use_srq(Qp &qp, RecvQueue *q) { qp.rq = q ? q : &qp.own_rq; }
   // Resizes a shared receive queue to n WQEs (at least those it holds).
   static void resize(RecvQueue &q, uint32_t n);
+  // The SRQs of the context (invalidate_lkey walks them).
+  void add_srq(RecvQueue *q) { srqs_.push_back(q); }
+  void remove_srq(RecvQueue *q) { std::erase(srqs_, q); }
+  // The MR of key was deregistered or re-registered: the posted WQEs that
+  // write through it (receives; READ and ATOMIC results) must not write
+  // where it mapped before. Their SGEs of that key are pointed at
+  // poison(), where every guarded copy fails: such a WQE completes with
+  // a local protection error when used, as an lkey checked then would.
+  void invalidate_lkey(uint32_t key);
+  // An address range (4 GiB) that is never accessible (PROT_NONE).
+  static uint8_t *poison();
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the
@@ -442,6 +453,7 @@ class Engine {
   Clock clock_;
   MemoryAccess *mem_;
   EngineHooks *hooks_;
+  std::vector<RecvQueue *> srqs_;
   std::vector<Qp *> qps_;          // by QPN index
   // QPN indices are handed out along a walk of all 4096 from a random start
   // with a random odd stride: unpredictable to another process, and a

@@ -63,7 +63,9 @@ enum WrFlags : uint32_t {         // = enum ibv_send_flags
 struct Sge {
   uint8_t *addr;
   uint32_t length;
+  uint32_t lkey = 0;   // the MR it was mapped through (Engine::invalidate_lkey)
 };
+static_assert(sizeof(Sge) == 16);
 
 // The pieces of bytes [off, off + len) of a scatter/gather list, in order:
 // f(address, length) for each, until f returns false (then false).

@@ -506,23 +506,25 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
 }
 
 // A receive's SGEs are checked at post time as a send's are, but one that
-// fails is not an error yet: the WQE is posted, its SGE pointed at
-// rc::Engine::poison(), and it completes with a local protection error
-// when a message uses it (the requester sees a remote operational error),
-// as an lkey checked when the data arrives would.
-void map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *w, uint64_t *len) {
+// fails is not an error yet: the WQE is posted marked bad (rc::RecvWqe::
+// bad) and completes with a local protection error when a message uses it
+// (the requester sees a remote operational error), as an lkey checked when
+// the data arrives would. Returns false for such a WQE.
+bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *w, uint64_t *len) {
   w->wr_id = wr.wr_id;
   w->num_sge = static_cast<uint32_t>(wr.num_sge);
   uint64_t sum = 0;
+  bool ok = true;
   for (int i = 0; i < wr.num_sge; i++) {
     const ibv_sge &g = wr.sg_list[i];
     w->sge[i] = {reinterpret_cast<uint8_t *>(g.addr), g.length, g.lkey};
     sum += g.length;
     if (!g.length) continue;
     w->sge[i].addr = map_sge(c, pd, g, true);
-    if (!w->sge[i].addr) w->sge[i].addr = rc::Engine::poison();
+    ok &= w->sge[i].addr != nullptr;
   }
   *len = sum;
+  return ok;
 }
 
 // The general path: a list of WRs, any number of SGEs, and every error.
@@ -546,8 +548,8 @@ void map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
         break;
       }
       uint64_t len;
-      map_recv_sges(c, pd, *wr, w, &len);
-      e.post_recv_slot(*qp->t, len);
+      const bool ok = map_recv_sges(c, pd, *wr, w, &len);
+      e.post_recv_slot(*qp->t, len, !ok);
     }
   }
   // (No kick: a receive arms no timer.)

@@ -132,8 +132,8 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
       err = EINVAL;
       break;
     }
-    map_recv_sges(c, pd, *wr, w, &len);
-    rc::Engine::post_recv_slot(srq->q, len);
+    const bool ok = map_recv_sges(c, pd, *wr, w, &len);
+    rc::Engine::post_recv_slot(srq->q, len, !ok);
   }
   if (err && bad) *bad = wr;
   return err;

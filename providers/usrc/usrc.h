@@ -307,9 +307,10 @@ int modify_srq(ibv_srq *, ibv_srq_attr *, int);
 int query_srq(ibv_srq *, ibv_srq_attr *);
 int destroy_srq(ibv_srq *);
 int post_srq_recv(ibv_srq *, ibv_recv_wr *, ibv_recv_wr **);
-// One receive WR's SGEs checked against the PD and mapped (qp.cpp); one
-// that fails its lkey, bounds or access check is left to fail when used.
-void map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *out, uint64_t *len);
+// One receive WR's SGEs checked against the PD and mapped (qp.cpp); false
+// if one fails its lkey, bounds or access check: the WQE is posted bad and
+// fails when used.
+bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *out, uint64_t *len);
 
 // channel.cpp: completion channels of usrc contexts.
 int channel_writer(ibv_comp_channel *ch);   // -1 if not one of ours

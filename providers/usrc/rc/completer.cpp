@@ -196,7 +196,7 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
   }
   // Into the WQE's local buffers at off (one of them unmapped: a local
   // protection error, IBA 10.8.3.1).
-  if (!scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
+  if (w.bad || !scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
   qp.comp.una_psn = psn_add(psn, 1);
   if (last) complete_head(qp);
   advanced(qp);
@@ -219,7 +219,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
     return;
   }
   uint64_t orig = v.p.h.atomic_ack;
-  if (!guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
+  if (w.bad || !guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
     return fail_head(qp, WcStatus::loc_prot_err);
   qp.comp.una_psn = psn_add(psn, 1);
   complete_head(qp);

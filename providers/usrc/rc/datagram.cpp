@@ -62,7 +62,9 @@ void Engine::datagram_rx(Qp &qp, const PacketView &v, size_t pkt_len) {
   Completion c{r->wr.wr_id, WcStatus::success, WcOpcode::recv, imm, h.bth.se, kGrhLen + len, imm ? h.imm_be : 0,
                qp.qpn, h.deth.src_qp, ud_grh_ipv4 ? uint16_t(0) : lid_for(v.src.ip), stamp()};
   c.grh = ud_grh_ipv4;
-  if (kGrhLen + len > r->length) {
+  if (r->bad) {
+    c.status = WcStatus::loc_prot_err, c.byte_len = 0;   // (an SGE that failed its lkey check)
+  } else if (kGrhLen + len > r->length) {
     c.status = WcStatus::loc_len_err;   // (the QP stays as it is: IBA 10.8.3.1 for UD)
     c.byte_len = 0;
   } else {

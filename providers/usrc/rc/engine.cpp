@@ -1,5 +1,3 @@
-#include <sys/mman.h>
-
 #include "usrc/rc/engine.h"
 
 #include <cstring>
@@ -270,6 +268,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   w.length = static_cast<uint32_t>(len);
   w.placed = placed;
   w.small = false;
+  w.bad = false;
   if ((wr.flags & kInline) && !placed) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
@@ -331,30 +330,21 @@ bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
   return lp_->place(qp.attr.peer, qp.attr.dest_qpn, qp.qpn, wr.rkey, wr.remote_va, iov, wr.num_sge, len);
 }
 
-uint8_t *Engine::poison() {
-  // Reserved once, never made accessible; a failed reservation (an
-  // address-space limit) falls back to the top page, never mapped on Linux.
-  static uint8_t *const p = [] {
-    void *m = mmap(nullptr, size_t{1} << 32, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return m == MAP_FAILED ? reinterpret_cast<uint8_t *>(~uintptr_t{0xfff}) : static_cast<uint8_t *>(m);
-  }();
-  return p;
-}
-
 void Engine::invalidate_lkey(uint32_t key) {
-  const auto poison_sges = [&](Sge *sge, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++)
-      if (sge[i].lkey == key && sge[i].length) sge[i].addr = poison();
+  const auto uses = [&](const auto &wr) {
+    for (uint32_t i = 0; i < wr.num_sge; i++)
+      if (wr.sge[i].lkey == key && wr.sge[i].length) return true;
+    return false;
   };
   const auto walk_rq = [&](RecvQueue &q) {
-    for (uint64_t p = q.head; p != q.tail; p++) poison_sges(q.at(p).wr.sge, q.at(p).wr.num_sge);
+    for (uint64_t p = q.head; p != q.tail; p++) q.at(p).bad |= uses(q.at(p).wr);
   };
   for (Qp *qp : live_) {
     if (!qp->on_srq()) walk_rq(qp->own_rq);
-    if (qp->resp.has_cur) poison_sges(qp->resp.cur.wr.sge, qp->resp.cur.wr.num_sge);
+    if (qp->resp.has_cur) qp->resp.cur.bad |= uses(qp->resp.cur.wr);
     for (uint64_t p = qp->sq.head; p != qp->sq.tail; p++) {
       SendWqe &w = qp->sq.at(p);
-      if (is_rd_atomic(w.wr.opcode)) poison_sges(w.wr.sge, w.wr.num_sge);
+      if (is_rd_atomic(w.wr.opcode)) w.bad |= uses(w.wr);
     }
   }
   for (RecvQueue *q : srqs_) walk_rq(*q);

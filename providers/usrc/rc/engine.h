@@ -138,13 +138,15 @@ class Engine {
   // or a shared one (an SRQ).
   static RecvWr *recv_slot(RecvQueue &q) { return q.full() ? nullptr : &q.back().wr; }
   RecvWr *recv_slot(Qp &qp) { return recv_slot(*qp.rq); }
-  static void post_recv_slot(RecvQueue &q, uint64_t len) {   // (inline: every receive of a stream takes it)
+  // bad: an SGE failed its checks (RecvWqe::bad).
+  static void post_recv_slot(RecvQueue &q, uint64_t len, bool bad = false) {   // (inline: every receive of a stream takes it)
     RecvWqe &r = q.back();
     r.length = static_cast<uint32_t>(std::min<uint64_t>(len, kMaxMsgSize));
+    r.bad = bad;
     q.push();
   }
-  void post_recv_slot(Qp &qp, uint64_t len) {
-    post_recv_slot(*qp.rq, len);
+  void post_recv_slot(Qp &qp, uint64_t len, bool bad = false) {
+    post_recv_slot(*qp.rq, len, bad);
     if (qp.state == QpState::err) flush_queues(qp);
   }
   // A QP takes its receives from the SRQ q from now (created on it), or
@@ -157,12 +159,10 @@ class Engine {
   void remove_srq(RecvQueue *q) { std::erase(srqs_, q); }
   // The MR of key was deregistered or re-registered: the posted WQEs that
   // write through it (receives; READ and ATOMIC results) must not write
-  // where it mapped before. Their SGEs of that key are pointed at
-  // poison(), where every guarded copy fails: such a WQE completes with
-  // a local protection error when used, as an lkey checked then would.
+  // where it mapped before. They are marked bad (RecvWqe::bad,
+  // SendWqe::bad): such a WQE completes with a local protection error when
+  // used, as an lkey checked then would.
   void invalidate_lkey(uint32_t key);
-  // An address range (4 GiB) that is never accessible (PROT_NONE).
-  static uint8_t *poison();
 
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the
@@ -376,6 +376,7 @@ class Engine {
   void take_recv(Qp &qp) {
     copy_wr(qp.resp.cur.wr, qp.rq->front().wr);
     qp.resp.cur.length = qp.rq->front().length;
+    qp.resp.cur.bad = qp.rq->front().bad;
     qp.resp.has_cur = true;
     took_recv(qp, 1);
   }

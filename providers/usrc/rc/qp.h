@@ -24,6 +24,9 @@ struct SendWqe {
   // An RDMA WRITE placed in the peer's memory at post time and completed
   // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
   bool placed = false;
+  // A READ's or ATOMIC's local SGE lost its MR (Engine::invalidate_lkey):
+  // its result is not written; the WQE fails with a local protection error.
+  bool bad = false;
   // Posted by Engine::post_small: one packet built in place (send_direct)
   // from what post time worked out: the BTH's first word (opcode, SE, pad,
   // P_Key), which of RETH and ImmDt its opcode has (wire::HAS_RETH,
@@ -38,6 +41,10 @@ struct SendWqe {
 struct RecvWqe {
   RecvWr wr;
   uint32_t length = 0;
+  // An SGE failed its lkey check at post time, or its MR was deregistered
+  // or re-registered since (Engine::invalidate_lkey): the WQE fails when
+  // used, and nothing is written through it.
+  bool bad = false;
 };
 
 // A fixed-capacity FIFO with monotonically increasing positions. The slots

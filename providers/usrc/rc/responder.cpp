@@ -68,6 +68,7 @@ void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // common case: one copy.
 [[gnu::always_inline]] static inline bool place_send(const RecvWqe &r, uint32_t off, const uint8_t *src,
                                                      uint32_t len) {
+  if (r.bad) [[unlikely]] return false;
   if (r.wr.num_sge == 1) return guard::copy(r.wr.sge[0].addr + off, src, len);
   return scatter(r.wr.sge, r.wr.num_sge, off, src, len);
 }

@@ -1,6 +1,7 @@
 // The context's progress thread, and the application's calls that hand
 // the engine to it or take it (ProgressPolicy, progress_policy.h, decides
 // when).
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "usrc/common/log.h"
@@ -80,7 +82,7 @@ void Context::progress_loop() {
   pc.spin_ns = t.progress_rt ? 0 : uint64_t(t.busy_poll_us) * 1000;
   pc.no_wait_fd_poll_ns = nic_fd < 0 ? 200'000 : 0;
   ProgressPolicy policy(pc);
-  // The policy's short sleeps (ProgressPolicy::kHandNs) are meant as
+  // The policy's short sleeps (ProgressPolicy::kOffNs) are meant as
   // written, not rounded up by the default 50 us timer slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   bool nic_woke = false;   // packets ended a sleep while the application polled
@@ -91,6 +93,11 @@ void Context::progress_loop() {
     ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, calls)
                                           : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd), calls);
     nic_woke = false;
+    if (d.what == ProgressPolicy::Do::hold) {
+      // (A call ends it early: the application is there to take the packets.)
+      while (now_ns() < d.until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+      continue;
+    }
     const bool watch = d.what == ProgressPolicy::Do::sleep;
     if (watch) {
       // The application polls and runs the timers itself: until it stops,
@@ -113,6 +120,14 @@ void Context::progress_loop() {
       sleep_until_.store(d.until, std::memory_order_release);
     }
     if (d.what == ProgressPolicy::Do::take_engine) continue;
+    // Spin only while a core is free: with every core taken (applications
+    // spinning on their memory, a CPU-bound process beside them) a spin
+    // delays a runnable thread, and a yield into it loses the core for a
+    // whole time slice (milliseconds) to a spinner, a stall for every
+    // request that arrives meanwhile. Asleep, a packet wakes the thread
+    // ahead of the spinners.
+    if (d.what == ProgressPolicy::Do::spin && cores_crowded())
+      d = {ProgressPolicy::Do::sleep, d.until, true};
     if (d.what == ProgressPolicy::Do::spin) {
       const uint64_t t0 = now_ns();
       sched_yield();
@@ -146,6 +161,23 @@ void Context::progress_loop() {
     if (r > 0 && (fds[2].revents & POLLIN)) netdev_events();
   }
   engine_->local_peers().owner_thread(false);
+}
+
+// More threads are runnable on this machine than it has online cores
+// (/proc/loadavg's running count, this thread included; about 1 us a look).
+// Unknown: not crowded.
+bool Context::cores_crowded() {
+  static const int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  static const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  char b[96];
+  const ssize_t n = fd >= 0 ? pread(fd, b, sizeof b - 1, 0) : -1;
+  if (n <= 0) return false;
+  b[n] = 0;
+  // "0.13 0.95 1.21 2/76 5691": the fourth field, before its slash.
+  const char *p = b;
+  for (int i = 0; i < 3 && p; i++)
+    if ((p = strchr(p, ' '))) p++;
+  return p && strtol(p, nullptr, 10) > cores;
 }
 
 // Datagrams wait on the NIC (its fd is readable, or it holds some the fd

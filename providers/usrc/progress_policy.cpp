@@ -40,7 +40,7 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     if (woke_ > std::max(last_hand_, nic_off_until_) + cfg_.app_quiet_ns) hands_ = 0;
     woke_ = 0, last_hand_ = now;
     if (++hands_ > kStreamHands)
-      nic_off_until_ = now + std::min(kHandNs << std::min(hands_ - kStreamHands - 1, 16u), cfg_.app_quiet_ns);
+      nic_off_until_ = now + std::min(kOffNs << std::min(hands_ - kStreamHands - 1, 16u), cfg_.app_quiet_ns);
   }
   // The application polls: it receives and runs the timers in its own
   // thread. Look again when it may have gone quiet. Every look wakes this
@@ -62,7 +62,7 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
 ProgressPolicy::Decision ProgressPolicy::nic_woke(uint64_t now, uint64_t app_calls) {
   woke_ = now;
   calls_at_wake_ = app_calls;
-  return {Do::sleep, now + kHandNs, false};
+  return {Do::hold, now + kHandNs};
 }
 
 ProgressPolicy::Decision ProgressPolicy::after_pass(uint64_t now, bool received,

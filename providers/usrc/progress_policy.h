@@ -27,6 +27,7 @@ class ProgressPolicy {
     take_engine,   // lock the engine and run a progress pass
     spin,          // yield the core once (sched_yield), then ask again
     sleep,         // wait for until, a wake-up (eventfd, netlink) or, on_nic, the NIC
+    hold,          // keep the core, no system call, until until or the application calls in
   };
   struct Decision {
     Do what;
@@ -47,13 +48,16 @@ class ProgressPolicy {
   // Port events while spinning: looked for this often.
   static constexpr uint64_t kNetlinkEveryNs = 1'000'000;
   // Packets arrived while the application polls: it is given this long to
-  // take them, else the thread does.
-  static constexpr uint64_t kHandNs = 10'000;
+  // take them, else the thread does. The thread holds its core meanwhile
+  // (Do::hold): a polling application calls in far more often than this,
+  // and one that spins on its memory is served without a second wake-up.
+  static constexpr uint64_t kHandNs = 3'000;
   // More than this many arrivals in a row taken by the application (a
-  // stream) keep the thread off the NIC for kHandNs, doubled each time up
+  // stream) keep the thread off the NIC for kOffNs, doubled each time up
   // to the quiet time: a receiving application is not taxed a wake-up per
   // packet.
   static constexpr uint32_t kStreamHands = 4;
+  static constexpr uint64_t kOffNs = 10'000;
 
   explicit ProgressPolicy(const Config &c) : cfg_(c) {}
 
@@ -74,7 +78,7 @@ class ProgressPolicy {
   bool nic_check() const { return woke_ != 0 || cfg_.no_wait_fd_poll_ns; }
 
   // A sleep from next() ended because packets arrived (the NIC's fd): the
-  // application gets kHandNs to take them (the next next() looks).
+  // application gets kHandNs to take them (Do::hold; the next next() looks).
   Decision nic_woke(uint64_t now, uint64_t app_calls);
 
   // After a progress pass at now: received packets, the engine's next

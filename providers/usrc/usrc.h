@@ -145,6 +145,7 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // the one it sleeps for. Call after releasing engine().mu.
   void kick();
   bool nic_ready(int fd);
+  static bool cores_crowded();
   // Progress from the caller's thread if nobody else is at it (poll_cq).
   // direct: a poller's array the pass may write receive completions into
   // (rc::Engine::DirectWc); returns how many it wrote there.

@@ -9,11 +9,7 @@ void Lock::wait() {
   for (uint32_t i = 0;; i++) {
     if (!v_.load(std::memory_order_relaxed) && !v_.exchange(1, std::memory_order_acquire)) return;
     if (i < 64) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#elif defined(__aarch64__)
-      asm volatile("yield");
-#endif
+      cpu_relax();
     } else if (i < 64 + 256) {
       sched_yield();
     } else {

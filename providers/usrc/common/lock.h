@@ -14,6 +14,15 @@
 
 namespace usrc {
 
+// A spin-wait's pause: the core's hint that this is one.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Lock {
  public:
   void lock() {

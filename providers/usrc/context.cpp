@@ -113,6 +113,17 @@ uint32_t Context::add_mr(Mr *mr) {
     return key;
   }
 }
+uint32_t Context::new_mw_key() {
+  // A window's R_Key changes in its low 8 bits at every bind
+  // (ibv_inc_rkey): it takes a block of 256 indices, none of which an MR
+  // is given.
+  if (!next_key_) next_key_ = random_u32();
+  for (;;) {
+    const uint32_t block = (next_key_ + 255) & ~255u;
+    next_key_ = block + 256;
+    if (const uint32_t index = block & 0xffffff) return (random_u32() & 0xff000000u) | index;
+  }
+}
 void Context::remove_mr(uint32_t key) {
   mrs_.erase(key);
   if (key == last_key_) last_key_ = 0, last_mr_ = nullptr;
@@ -124,10 +135,10 @@ Mr *Context::lookup_mr(uint32_t key) {
   return last_mr_ = it->second;
 }
 
-uint8_t *Context::resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+uint8_t *Context::resolve(const void *pd, uint32_t qpn, uint32_t rkey, uint64_t va, uint64_t len,
                           uint32_t access) {
   Mr *mr = find_mr(rkey);
-  if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
+  if (!mr || mr->pd != pd || (mr->access & access) != access || (mr->mw_qpn && mr->mw_qpn != qpn)) return nullptr;
   // (No system call to see that ODP memory is mapped: every access the
   // responder makes is guarded, and each WRITE packet resolves again.)
   return mr->range(va, len);

@@ -21,7 +21,9 @@ static_assert(int(rc::WcStatus::rem_access_err) == IBV_WC_REM_ACCESS_ERR);
 static_assert(int(rc::WcStatus::rem_inv_req_err) == IBV_WC_REM_INV_REQ_ERR);
 static_assert(int(rc::WcStatus::loc_prot_err) == IBV_WC_LOC_PROT_ERR);
 static_assert(int(rc::WcStatus::loc_len_err) == IBV_WC_LOC_LEN_ERR);
-static_assert(int(rc::WcOpcode::recv_rdma_with_imm) == IBV_WC_RECV_RDMA_WITH_IMM);
+static_assert(int(rc::WcOpcode::recv_rdma_with_imm) == IBV_WC_RECV_RDMA_WITH_IMM &&
+              int(rc::WcOpcode::bind_mw) == IBV_WC_BIND_MW && int(rc::WcOpcode::local_inv) == IBV_WC_LOCAL_INV &&
+              int(rc::WcStatus::mw_bind_err) == IBV_WC_MW_BIND_ERR);
 static_assert(int(rc::WcOpcode::rdma_write) == IBV_WC_RDMA_WRITE);
 static_assert(int(rc::WcStatus::success) == IBV_WC_SUCCESS && int(rc::WcOpcode::recv) == IBV_WC_RECV);
 // rc::Wc is struct ibv_wc as the transport writes it (Engine::DirectWc).
@@ -41,7 +43,8 @@ USRC_SAME_FIELD(slid, slid);
 USRC_SAME_FIELD(sl, sl);
 USRC_SAME_FIELD(dlid_path_bits, dlid_path_bits);
 #undef USRC_SAME_FIELD
-static_assert(sizeof(rc::Wc) == sizeof(ibv_wc) && rc::kWcWithImm == IBV_WC_WITH_IMM);
+static_assert(sizeof(rc::Wc) == sizeof(ibv_wc) && rc::kWcWithImm == IBV_WC_WITH_IMM &&
+              rc::kWcWithInv == IBV_WC_WITH_INV);
 
 void Cq::Events::notify(rc::Cq &) {
   int chan_wfd = cq->chan_wfd;
@@ -149,10 +152,10 @@ static int drain(Cq *cq, int ne, ibv_wc *wc) {
     w.opcode = static_cast<ibv_wc_opcode>(c.opcode);
     w.vendor_err = 0;
     w.byte_len = c.byte_len;
-    w.imm_data = c.with_imm ? c.imm_be : 0;
+    w.imm_data = c.with_imm || c.with_inv ? c.imm_be : 0;   // (invalidated_rkey: the same field)
     w.qp_num = c.qp_num;
     w.src_qp = c.src_qp;
-    w.wc_flags = (c.with_imm ? IBV_WC_WITH_IMM : 0) | (c.grh ? IBV_WC_GRH : 0);
+    w.wc_flags = (c.with_imm ? IBV_WC_WITH_IMM : 0) | (c.with_inv ? IBV_WC_WITH_INV : 0) | (c.grh ? IBV_WC_GRH : 0);
     w.pkey_index = 0;
     w.slid = c.slid;
     w.sl = 0;
@@ -248,7 +251,8 @@ __be32 read_imm_data(ibv_cq_ex *x) { return cur(x).imm_be; }
 uint32_t read_qp_num(ibv_cq_ex *x) { return cur(x).qp_num; }
 uint32_t read_src_qp(ibv_cq_ex *x) { return cur(x).src_qp; }
 unsigned int read_wc_flags(ibv_cq_ex *x) {
-  return (cur(x).with_imm ? IBV_WC_WITH_IMM : 0) | (cur(x).grh ? IBV_WC_GRH : 0);
+  return (cur(x).with_imm ? IBV_WC_WITH_IMM : 0) | (cur(x).with_inv ? IBV_WC_WITH_INV : 0) |
+         (cur(x).grh ? IBV_WC_GRH : 0);
 }
 uint32_t read_slid(ibv_cq_ex *x) { return cur(x).slid; }
 uint8_t read_sl(ibv_cq_ex *) { return 0; }

@@ -21,8 +21,10 @@ static const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
   o.advise_mr = at_boundary<advise_mr>;
   o.alloc_dm = at_boundary<alloc_dm>;
+  o.alloc_mw = at_boundary<alloc_mw>;
   o.alloc_pd = at_boundary<alloc_pd>;
   o.async_event = at_boundary<async_event_op>;
+  o.bind_mw = at_boundary<bind_mw>;
   o.cq_event = at_boundary<cq_event>;
   o.create_ah = at_boundary<create_ah>;
   o.create_cq = at_boundary<create_cq>;
@@ -31,6 +33,7 @@ static const verbs_context_ops kOps = [] {
   o.create_srq = at_boundary<create_srq>;
   o.create_srq_ex = at_boundary<create_srq_ex>;
   o.create_qp_ex = at_boundary<create_qp_ex>;
+  o.dealloc_mw = at_boundary<dealloc_mw>;
   o.dealloc_pd = at_boundary<dealloc_pd>;
   o.dereg_mr = at_boundary<dereg_mr>;
   o.destroy_ah = at_boundary<destroy_ah>;
@@ -210,12 +213,14 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.max_qp = static_cast<int>(kQpsPerSlot);
   o.max_qp_wr = rc::kMaxWr;
   o.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
-                       IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE;
+                       IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   o.max_sge = rc::kMaxSge;
   o.max_sge_rd = rc::kMaxSge;
   o.max_cq = 1 << 16;
   o.max_cqe = 1 << 20;
   o.max_mr = 1 << 20;
+  o.max_mw = 1 << 16;
   o.max_pd = 1 << 16;
   o.max_srq = 1 << 16;
   o.max_srq_wr = rc::kMaxWr;

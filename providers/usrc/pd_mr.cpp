@@ -26,7 +26,7 @@ int dealloc_pd(ibv_pd *ibpd) {
 
 constexpr int kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                          IBV_ACCESS_ON_DEMAND;
+                          IBV_ACCESS_ON_DEMAND | IBV_ACCESS_MW_BIND;
 
 uint8_t *Mr::mapped(uint8_t *p, uint64_t len) const {
   // The range must be mapped now (msync fails with ENOMEM on any hole):
@@ -188,6 +188,7 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
     return refuse(EINVAL);
   {
     std::lock_guard g(c.engine().mu);
+    if (mr->windows) return refuse(EBUSY);   // (windows bound to its range)
     const uint32_t key = vmr->ibmr.lkey;
     c.engine().local_peers().withdraw(key);
     // WQEs posted before write through it no more (an lkey is checked
@@ -218,8 +219,10 @@ int dereg_mr(verbs_mr *vmr) {
   Context &c = impl(vmr->ibmr.context);
   {
     // After this no packet can reach the memory: the responder resolves
-    // rkeys under the same lock.
+    // rkeys under the same lock. Not while memory windows are bound to it
+    // (man ibv_dereg_mr).
     std::lock_guard g(c.engine().mu);
+    if (mr->windows) return EBUSY;
     c.remove_mr(vmr->ibmr.lkey);
     c.engine().invalidate_lkey(vmr->ibmr.lkey);   // (posted WQEs must not write into it)
     c.engine().local_peers().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)

@@ -383,8 +383,16 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   const rc::WrOpcodeInfo *op = rc::wr_opcode_info(static_cast<unsigned>(wr.opcode));
   if (!op) return EINVAL;
   const bool atomic = op->mask & rc::WR_ATOMIC;
-  // UC carries SENDs and RDMA WRITEs only (IBA 9.8.2).
-  if (qp->t->type == rc::QpType::uc && (atomic || wr.opcode == IBV_WR_RDMA_READ)) return EINVAL;
+  // UC carries SENDs and RDMA WRITEs only (IBA 9.8.2); SEND with
+  // Invalidate is RC's here.
+  if (qp->t->type == rc::QpType::uc && (atomic || wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_SEND_WITH_INV))
+    return EINVAL;
+  if (op->mask & rc::WR_LOCAL) {   // (no SGEs, no inline data)
+    if (wr.opcode == IBV_WR_BIND_MW && (!wr.bind_mw.mw || wr.bind_mw.mw->context != qp->vqp.qp.context))
+      return EINVAL;
+    *len_out = 0;
+    return (wr.send_flags & IBV_SEND_INLINE) ? EINVAL : 0;
+  }
   if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(rc::kMaxSge)) return EINVAL;
   const bool inl = wr.send_flags & IBV_SEND_INLINE;
   // READ and ATOMIC write local memory: no inline data.
@@ -421,7 +429,9 @@ static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
               int(rc::WrOpcode::send) == IBV_WR_SEND && int(rc::WrOpcode::send_imm) == IBV_WR_SEND_WITH_IMM &&
               int(rc::WrOpcode::rdma_read) == IBV_WR_RDMA_READ &&
               int(rc::WrOpcode::atomic_cmp_swp) == IBV_WR_ATOMIC_CMP_AND_SWP &&
-              int(rc::WrOpcode::atomic_fetch_add) == IBV_WR_ATOMIC_FETCH_AND_ADD);
+              int(rc::WrOpcode::atomic_fetch_add) == IBV_WR_ATOMIC_FETCH_AND_ADD &&
+              int(rc::WrOpcode::local_inv) == IBV_WR_LOCAL_INV && int(rc::WrOpcode::bind_mw) == IBV_WR_BIND_MW &&
+              int(rc::WrOpcode::send_inv) == IBV_WR_SEND_WITH_INV);
 
 // A send WR's SGEs into w (flags set): inline data is read at post time
 // and needs no lkey (IBA 10.7.2.1); other SGEs are checked and mapped
@@ -475,6 +485,10 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   for (; wr; wr = wr->next) {
     uint64_t len;
     if ((err = check_wr(qp, *wr, &len))) break;   // (inlined here: the per-message path)
+    if (rc::wr_info(static_cast<rc::WrOpcode>(wr->opcode)).mask & rc::WR_LOCAL) [[unlikely]] {
+      if ((err = post_local_wr(qp, *wr, false))) break;
+      continue;
+    }
     rc::SendWr *w = e.send_slot(*qp->t);
     if (!w) {
       err = ENOMEM;
@@ -483,7 +497,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
     w->opcode = static_cast<rc::WrOpcode>(wr->opcode);   // (checked: a supported one)
     w->wr_id = wr->wr_id;
     w->flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
-    w->imm_be = wr->imm_data;
+    w->imm_be = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : wr->imm_data;
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     const bool rd = rc::is_rd_atomic(w->opcode);
     if (rc::wr_info(w->opcode).mask & rc::WR_ATOMIC) {

@@ -14,7 +14,8 @@ namespace {
 constexpr uint64_t kSupportedOps =
     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
     IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
+    IBV_QP_EX_WITH_SEND_WITH_INV;
 
 void fail(Qp *qp, int err) {
   if (!qp->batch_err) qp->batch_err = err;
@@ -92,6 +93,20 @@ void wr_atomic_cmp_swp(ibv_qp_ex *x, uint32_t rkey, uint64_t va, uint64_t cmp, u
 }
 void wr_atomic_fetch_add(ibv_qp_ex *x, uint32_t rkey, uint64_t va, uint64_t add) {
   atomic(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, va, add, 0);
+}
+
+void wr_bind_mw(ibv_qp_ex *x, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *info) {
+  if (ibv_send_wr *w = begin(x, IBV_WR_BIND_MW)) {
+    w->bind_mw.mw = mw;
+    w->bind_mw.rkey = rkey;
+    w->bind_mw.bind_info = *info;
+  }
+}
+void wr_local_inv(ibv_qp_ex *x, uint32_t rkey) {
+  if (ibv_send_wr *w = begin(x, IBV_WR_LOCAL_INV)) w->invalidate_rkey = rkey;
+}
+void wr_send_inv(ibv_qp_ex *x, uint32_t rkey) {
+  if (ibv_send_wr *w = begin(x, IBV_WR_SEND_WITH_INV)) w->invalidate_rkey = rkey;
 }
 
 void wr_set_sge(ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length) {
@@ -174,9 +189,6 @@ void wr_set_ud_addr(ibv_qp_ex *x, ibv_ah *ah, uint32_t remote_qpn, uint32_t remo
 // Builders of operations this provider does not do: the error surfaces at
 // ibv_wr_complete (they are unreachable through send_ops_flags, which
 // create_qp_ex checks, but a slot is never left null).
-void wr_unsupported_mw(ibv_qp_ex *x, ibv_mw *, uint32_t, const ibv_mw_bind_info *) {
-  fail(to_qp(x), EOPNOTSUPP);
-}
 void wr_unsupported_rkey(ibv_qp_ex *x, uint32_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_tso(ibv_qp_ex *x, void *, uint16_t, uint16_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_atomic_write(ibv_qp_ex *x, uint32_t, uint64_t, const void *) {
@@ -203,9 +215,9 @@ int init_qp_ex(Qp *qp, uint64_t ops) {
   x.wr_start = at_boundary<wr_start>;
   x.wr_complete = at_boundary<wr_complete>;
   x.wr_abort = at_boundary<wr_abort>;
-  x.wr_bind_mw = at_boundary<wr_unsupported_mw>;
-  x.wr_local_inv = at_boundary<wr_unsupported_rkey>;
-  x.wr_send_inv = at_boundary<wr_unsupported_rkey>;
+  x.wr_bind_mw = at_boundary<wr_bind_mw>;
+  x.wr_local_inv = at_boundary<wr_local_inv>;
+  x.wr_send_inv = at_boundary<wr_send_inv>;
   x.wr_send_tso = at_boundary<wr_unsupported_tso>;
   x.wr_set_ud_addr = at_boundary<wr_set_ud_addr>;
   x.wr_set_xrc_srqn = at_boundary<wr_unsupported_rkey>;

@@ -44,6 +44,13 @@ struct Mr {
   struct Dm *dm;               // the device memory it maps, if any
   bool odp;                    // IBV_ACCESS_ON_DEMAND: nothing is pinned or
                                // assumed mapped; each access checks first
+  // A memory window's view of its MR (Mw::view): in the MR table under the
+  // window's R_Key while the window is bound; mw_qpn: a type 2 window's
+  // QP, the only one it serves. An MR counts the windows bound to it
+  // (guarded by the engine's lock): it is not deregistered under them.
+  struct Mw *mw = nullptr;
+  uint32_t mw_qpn = 0;
+  uint32_t windows = 0;
   // The host address of [va, va+len) if the MR covers it (and, for ODP,
   // it is mapped now); nullptr otherwise. (Inline: every posted WR's SGEs.)
   uint8_t *map(uint64_t va, uint64_t len) const {
@@ -57,6 +64,14 @@ struct Mr {
     return addr + (va - iova);
   }
   uint8_t *mapped(uint8_t *p, uint64_t len) const;   // ODP: p if [p, p+len) is mapped now
+};
+
+// A memory window (mw.cpp): while bound, a range of one of its PD's MRs
+// that a peer reaches through the window's R_Key with the window's access.
+struct Mw {
+  ibv_mw mw;                   // first: ibv_mw* converts to Mw*
+  Mr view;                     // the bound range (view.mw = this)
+  Mr *mr = nullptr;            // bound: the MR it is a range of
 };
 
 // Device memory (ibv_alloc_dm): memory of the provider, reached only
@@ -173,9 +188,12 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
     return key == last_key_ && last_mr_ ? last_mr_ : lookup_mr(key);
   }
   Mr *lookup_mr(uint32_t key);
+  void put_mr(uint32_t key, Mr *mr) { mrs_[key] = mr; }   // (a key new_mw_key drew)
+  uint32_t new_mw_key();
 
-  uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+  uint8_t *resolve(const void *pd, uint32_t qpn, uint32_t rkey, uint64_t va, uint64_t len,
                    uint32_t access) override;
+  bool invalidate(const void *pd, uint32_t qpn, uint32_t rkey) override;
   void qp_event(rc::Qp &qp, rc::QpEvent ev) override;
   void srq_event(rc::RecvQueue &q) override;
 
@@ -290,6 +308,13 @@ int post_recv(ibv_qp *, ibv_recv_wr *, ibv_recv_wr **);
 // Posts a list with the engine lock held (post_send and ibv_wr_complete).
 int check_send_wr(const Qp *qp, const ibv_send_wr &wr);
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
+ibv_mw *alloc_mw(ibv_pd *, ibv_mw_type);
+int dealloc_mw(ibv_mw *);
+int bind_mw(ibv_qp *, ibv_mw *, ibv_mw_bind *);
+// A BIND_MW or LOCAL_INV work request (mw.cpp), under the engine's lock:
+// its effect made now, its completion in send queue order. type1: from
+// ibv_bind_mw. 0 or ENOMEM (the send queue is full).
+int post_local_wr(Qp *qp, const ibv_send_wr &wr, bool type1);
 // qp_ex.cpp: the ibv_wr_* builders of a QP created with send_ops_flags.
 int init_qp_ex(Qp *qp, uint64_t send_ops_flags);
 void async_event_op(ibv_context *, ibv_async_event *);

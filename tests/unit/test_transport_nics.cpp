@@ -52,7 +52,8 @@ uint64_t wall_ns() {
 }
 
 struct NoMem final : MemoryAccess {
-  uint8_t *resolve(const void *, uint32_t, uint64_t, uint64_t, uint32_t) override { return nullptr; }
+  uint8_t *resolve(const void *, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t) override { return nullptr; }
+  bool invalidate(const void *, uint32_t, uint32_t) override { return false; }
 };
 
 using Opener = std::function<std::unique_ptr<net::Nic>(net::Endpoint, std::string *)>;

@@ -31,7 +31,8 @@ namespace {
 struct Mem final : MemoryAccess {
   struct Region { uint8_t *p; uint64_t va, len; uint32_t access; };
   std::map<uint32_t, Region> regions;
-  uint8_t *resolve(const void *, uint32_t rkey, uint64_t va, uint64_t len,
+  bool invalidate(const void *, uint32_t, uint32_t) override { return false; }
+  uint8_t *resolve(const void *, uint32_t, uint32_t rkey, uint64_t va, uint64_t len,
                    uint32_t access) override {
     auto it = regions.find(rkey);
     if (it == regions.end() || (it->second.access & access) != access) return nullptr;

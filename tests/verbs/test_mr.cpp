@@ -42,7 +42,7 @@ TEST_CASE("ibv_rereg_mr: a new range and new access under the same keys, seen by
   errno = 0;
   CHECK(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_REMOTE_WRITE) != 0);
   CHECK(errno == EINVAL);
-  CHECK(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND) != 0);
+  CHECK(ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_HUGETLB) != 0);
   // A new PD: the old one is free once nothing else uses it.
   ibv_pd *pd2 = ibv_alloc_pd(d.ctx);
   REQUIRE(pd2);

@@ -436,8 +436,9 @@ TEST_CASE("misuse of verbs gets errors, not crashes", "[verbs]") {
   CHECK(post_send(a.qp, 1, IBV_WR_RDMA_READ, &seven, 1, IBV_SEND_INLINE) == EINVAL);
   ibv_sge eight{uintptr_t(&scratch), 8, 0};
   CHECK(post_send(a.qp, 1, IBV_WR_ATOMIC_CMP_AND_SWP, &eight, 1, IBV_SEND_INLINE) == EINVAL);   // writes local memory
-  CHECK(post_send(a.qp, 1, IBV_WR_LOCAL_INV, &eight, 1, 0) == EINVAL);      // not in the WR opcode table
-  CHECK(post_send(a.qp, 1, IBV_WR_SEND_WITH_INV, &eight, 1, 0) == EINVAL);
+  CHECK(post_send(a.qp, 1, IBV_WR_TSO, &eight, 1, 0) == EINVAL);      // not in the WR opcode table
+  CHECK(post_send(a.qp, 1, ibv_wr_opcode(42), &eight, 1, 0) == EINVAL);
+  CHECK(post_send(a.qp, 1, IBV_WR_LOCAL_INV, &eight, 1, IBV_SEND_INLINE) == EINVAL);   // no data at all
   ibv_sge many[9] = {};
   CHECK(post_send(a.qp, 1, IBV_WR_SEND, many, 9, 0) == EINVAL);
   ibv_qp_init_attr xrc{};
@@ -804,7 +805,7 @@ TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
   ia.pd = d.pd;
   ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   // An operation usrc does not do is refused at creation.
-  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_BIND_MW;
+  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
   errno = 0;
   CHECK(ibv_create_qp_ex(d.ctx, &ia) == nullptr);
   CHECK(errno == EOPNOTSUPP);

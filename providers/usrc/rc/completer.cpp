@@ -29,6 +29,11 @@ static WcOpcode wc_opcode(const SendWqe &w) { return wr_info(w.wr.opcode).wc_opc
 void Engine::complete_head(Qp &qp) {
   completed(qp, qp.sq.front());
   qp.sq.pop();
+  // Local operations behind it (no packets) are done with it.
+  while (!qp.sq.empty() && !qp.sq.front().npkts) {
+    completed(qp, qp.sq.front());
+    qp.sq.pop();
+  }
 }
 
 // una moved forward: restore the retry budgets (forward progress) and

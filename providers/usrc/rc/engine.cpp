@@ -311,6 +311,27 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   check_faults();
 }
 
+void Engine::post_local(Qp &qp) {
+  SendWqe &w = qp.sq.back();
+  w.length = 0;
+  w.npkts = 0;
+  w.placed = w.small = w.bad = false;
+  w.rd_before = qp.req.rd_posted;
+  w.first_psn = qp.req.next_psn;
+  qp.local.small_run = false;
+  // The requester steps over it (Engine::sent); with nothing before it
+  // unsent, it is behind already.
+  if (qp.req.tx_pos == qp.sq.tail) qp.req.tx_pos++;
+  qp.sq.push();
+  if (qp.state == QpState::err) return flush_queues(qp);
+  // Nothing before it outstanding: done now (else with the last of those,
+  // ack_through and complete_head).
+  if (qp.sq.tail - qp.sq.head == 1) {
+    complete_head(qp);
+    completed_at_post.store(true, std::memory_order_relaxed);
+  }
+}
+
 // Direct placement (net::LocalPeers::place): an RDMA WRITE to a peer on this host
 // that has exposed the memory and opened its gate to this QP is written
 // into that memory now, and completes at once. Only when every WQE before

@@ -25,10 +25,14 @@
 namespace usrc::rc {
 
 // Remote memory as the responder sees it; the verbs glue implements it with
-// its MR table (rkey, PD, bounds, access flags).
+// its MR table (rkey, PD, bounds, access flags), memory windows included
+// (a type 2 window serves the QP it is bound to only).
 struct MemoryAccess {
-  virtual uint8_t *resolve(const void *pd, uint32_t rkey, uint64_t va, uint64_t len,
+  virtual uint8_t *resolve(const void *pd, uint32_t qpn, uint32_t rkey, uint64_t va, uint64_t len,
                            uint32_t access) = 0;
+  // A SEND_WITH_INV's R_Key: a type 2 window of pd bound to qpn is
+  // invalidated (false: there is none such).
+  virtual bool invalidate(const void *pd, uint32_t qpn, uint32_t rkey) = 0;
  protected:
   ~MemoryAccess() = default;
 };
@@ -103,6 +107,10 @@ class Engine {
   // caller has filled it with a WR that passed post_send's checks, the post.
   SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.back().wr : nullptr; }
   void post_slot(Qp &qp, uint64_t len);
+  // The same for a local operation (a WR_LOCAL opcode: BIND_MW, LOCAL_INV)
+  // whose effect the glue made as it posted it: a WQE of no packets that
+  // completes in send queue order, once every WQE before it has.
+  void post_local(Qp &qp);
   // The small message's way (post_small): whether a WQE of len bytes
   // posted now is built in place, behind what is still unsent, as far as
   // the QP decides it (in place, RTS, no RNR wait, no pacing, a size of one
@@ -224,6 +232,11 @@ class Engine {
   bool send_direct(Qp &qp);
   void sent(Qp &qp, const SendWqe &w, uint32_t next);
   void sent_run(Qp &qp, uint32_t k);
+  // The WQE at tx_pos is sent: past the local operations behind it (no
+  // packets, Engine::post_local), so that tx_pos holds tx_psn's WQE.
+  void skip_local(Qp &qp) {
+    while (qp.req.tx_pos != qp.sq.tail && !qp.sq.at(qp.req.tx_pos).npkts) qp.req.tx_pos++;
+  }
   uint8_t *ring_slot(const Qp &qp, size_t *cap);
   void ring_slot_done(size_t len, size_t seg, uint32_t n);
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
@@ -343,14 +356,17 @@ class Engine {
   }
   // The receive WQE r, the oldest not yet completed, completes (the
   // caller pops it: fast_sends pops a run of them at once).
+  // inv: a SEND_WITH_INV's, imm_be the R_Key it invalidated (host order).
   [[gnu::always_inline]] void complete_recv(Qp &qp, RecvSink &k, const RecvWqe &r, WcStatus st, WcOpcode op,
-                                            uint32_t len, bool imm, uint32_t imm_be, bool solicited) {
+                                            uint32_t len, bool imm, uint32_t imm_be, bool solicited,
+                                            bool inv = false) {
     if (k.out != k.end) {
       *k.out++ = {r.wr.wr_id, uint32_t(st), uint32_t(op), 0, len, imm_be, qp.qpn, qp.attr.dest_qpn,
-                  imm ? kWcWithImm : 0, 0, qp.attr.dlid, 0, 0};
+                  imm ? kWcWithImm : inv ? kWcWithInv : 0, 0, qp.attr.dlid, 0, 0};
     } else {
-      push(qp.recv_cq, {r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn,
-                        qp.attr.dlid, stamp()});
+      Completion c{r.wr.wr_id, st, op, imm, solicited, len, imm_be, qp.qpn, qp.attr.dest_qpn, qp.attr.dlid, stamp()};
+      c.with_inv = inv;
+      push(qp.recv_cq, c);
     }
   }
   // The same for the receive WQE a request goes into (recv_wqe), into

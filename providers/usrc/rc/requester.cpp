@@ -99,7 +99,7 @@ void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
     count(Counter::retransmits);
   }
   qp.req.tx_psn = next;
-  if (qp.req.tx_psn == psn_add(w.first_psn, w.npkts)) qp.req.tx_pos++;
+  if (qp.req.tx_psn == psn_add(w.first_psn, w.npkts)) qp.req.tx_pos++, skip_local(qp);
   // UC: what is sent is done (IBA 9.8.2: no acknowledgement): the WQEs
   // whose last packet left complete, as an ACK would complete them.
   if (qp.type == QpType::uc && ack_through(qp, psn_add(next, kPsnMask)))
@@ -128,7 +128,7 @@ bool Engine::send_single(Qp &qp, SendWqe &w) {
 // QP's): a SEND or an RDMA WRITE (with or without immediate data) of at
 // most one buffer, no fence, no direct placement to try.
 bool Engine::small_wr(const Qp &qp, const SendWr &wr, uint64_t len) const {
-  if (wr.num_sge > 1 || is_rd_atomic(wr.opcode) || (wr.flags & kFence)) return false;
+  if (wr.num_sge > 1 || (wr_info(wr.opcode).mask & (WR_READ_OR_ATOMIC | WR_INV)) || (wr.flags & kFence)) return false;
   // (A WRITE that place() may put in the peer's memory: the general path.
   // It places only for an application that polled since its last post.)
   return wr.opcode != WrOpcode::rdma_write || !qp.local.same_host || len > tun_.direct_write ||
@@ -256,6 +256,7 @@ void Engine::sent_run(Qp &qp, uint32_t k) {
   if (static_cast<int32_t>(k) > fresh) count(Counter::retransmits, k - std::max(fresh, 0));
   qp.req.tx_psn = to;
   qp.req.tx_pos += k;
+  skip_local(qp);
 }
 
 void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req) {

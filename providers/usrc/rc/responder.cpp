@@ -403,7 +403,7 @@ Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
   if (r.len > s.write_left || (r.last && r.len != s.write_left)) return RespStep::error;   // (inv_req)
   if (!s.write_left) return RespStep::execute;
   r.to = (qp.attr.access & kAccessRemoteWrite)
-             ? mem_->resolve(qp.pd, s.write_rkey, s.write_va, r.first ? s.write_left : r.len, kAccessRemoteWrite)
+             ? mem_->resolve(qp.pd, qp.qpn, s.write_rkey, s.write_va, r.first ? s.write_left : r.len, kAccessRemoteWrite)
              : nullptr;
   r.err = RespErr::rem_access;
   return r.to ? RespStep::execute : RespStep::error;
@@ -441,7 +441,18 @@ Engine::RespStep Engine::execute(Qp &qp, Request &r) {
 // QP opened, Engine::update_gate; it completes nothing here.)
 Engine::RespStep Engine::complete(Qp &qp, Request &r) {
   const wire::Headers &h = r.v.p.h;
-  if (r.is_send) {
+  if (r.is_send && r.last && (r.mask & wire::HAS_IETH)) {
+    // SEND with Invalidate (IBA 9.4.1.1, 10.6.7.2.4): the R_Key must name a
+    // type 2 window of this QP's PD bound to this QP, else an invalid
+    // request. The receive completes with the key it invalidated.
+    if (!mem_->invalidate(qp.pd, qp.qpn, h.ieth)) return RespStep::error;   // (inv_req)
+    qp.resp.in_msg = false;
+    qp.resp.in_send = true;
+    RecvSink none;
+    complete_recv(qp, none, *recv_wqe(qp), WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, false, h.ieth,
+                  h.bth.se, true);
+    release_recv(qp);
+  } else if (r.is_send) {
     RecvSink none;
     complete_send(qp, none, *recv_wqe(qp), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);
     if (r.last) release_recv(qp);
@@ -497,7 +508,7 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
     // piece whose own request was lost): the expected PSN then moves to
     // its end, as for a new request.
     uint8_t *p = r.dma_len && (qp.attr.access & kAccessRemoteRead)
-                     ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
+                     ? mem_->resolve(qp.pd, qp.qpn, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     if (r.dma_len && (!p || !guard::readable(p, r.dma_len))) return;
     uint32_t end = psn_add(psn, r.dma_len == 0 ? 1 : (r.dma_len + qp.attr.pmtu - 1) / qp.attr.pmtu);
     if (psn_lt(qp.resp.epsn, end)) {
@@ -511,7 +522,7 @@ void Engine::read_request(Qp &qp, const PacketView &v, bool duplicate) {
   uint8_t *p = nullptr;
   if (r.dma_len) {
     p = (qp.attr.access & kAccessRemoteRead)
-            ? mem_->resolve(qp.pd, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
+            ? mem_->resolve(qp.pd, qp.qpn, r.rkey, r.va, r.dma_len, kAccessRemoteRead) : nullptr;
     // (Its pages mapped, looked at now; unmapped later, the NIC's guarded
     // copy drops the response and the resent READ finds them gone.)
     if (!p || !guard::readable(p, r.dma_len))
@@ -536,7 +547,7 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
   }
   const wire::AtomicEth &a = v.p.h.atomic;
   uint8_t *p = (qp.attr.access & kAccessRemoteAtomic)
-                   ? mem_->resolve(qp.pd, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
+                   ? mem_->resolve(qp.pd, qp.qpn, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
   auto *word = reinterpret_cast<uint64_t *>(p);
   uint64_t orig = 0;
   const bool cas = v.opcode() == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP);
@@ -607,7 +618,7 @@ void Engine::uc_rx(Qp &qp, const PacketView &v) {
   if (len > s.write_left || (last && len != s.write_left)) return drop(Counter::uc_drops);
   if (len) {
     uint8_t *to = (qp.attr.access & kAccessRemoteWrite)
-                      ? mem_->resolve(qp.pd, s.write_rkey, s.write_va, len, kAccessRemoteWrite) : nullptr;
+                      ? mem_->resolve(qp.pd, qp.qpn, s.write_rkey, s.write_va, len, kAccessRemoteWrite) : nullptr;
     if (!to || !guard::copy(to, v.p.payload, len)) return drop(Counter::uc_drops);
   }
   s.write_va += len;

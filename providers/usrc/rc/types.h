@@ -36,19 +36,19 @@ constexpr uint32_t kPlacedSlack = 8;
 enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };
 
 enum class WcStatus : uint8_t {   // = enum ibv_wc_status
-  success = 0, loc_len_err = 1, loc_qp_op_err = 2, loc_prot_err = 4, wr_flush_err = 5,
+  success = 0, loc_len_err = 1, loc_qp_op_err = 2, loc_prot_err = 4, wr_flush_err = 5, mw_bind_err = 6,
   rem_inv_req_err = 9, rem_access_err = 10, rem_op_err = 11, retry_exc_err = 12,
   rnr_retry_exc_err = 13, fatal_err = 19, general_err = 21,
 };
 
 enum class WcOpcode : uint8_t {   // = enum ibv_wc_opcode
-  send = 0, rdma_write = 1, rdma_read = 2, comp_swap = 3, fetch_add = 4,
+  send = 0, rdma_write = 1, rdma_read = 2, comp_swap = 3, fetch_add = 4, bind_mw = 5, local_inv = 6,
   recv = 128, recv_rdma_with_imm = 129,
 };
 
 enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
   rdma_write = 0, rdma_write_imm = 1, send = 2, send_imm = 3, rdma_read = 4,
-  atomic_cmp_swp = 5, atomic_fetch_add = 6,
+  atomic_cmp_swp = 5, atomic_fetch_add = 6, local_inv = 7, bind_mw = 8, send_inv = 9,
 };
 
 // What each WR opcode means, and the packets it is made of: the WR
@@ -89,7 +89,9 @@ struct SendWr {
   uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::send;
   uint32_t flags = 0;
-  uint32_t imm_be = 0;            // network byte order, as in ibv_send_wr
+  // Network byte order, as in ibv_send_wr; SEND_WITH_INV: the R_Key to
+  // invalidate, in host order (ibv_send_wr's invalidate_rkey, its union).
+  uint32_t imm_be = 0;
   uint64_t remote_va = 0;
   uint32_t rkey = 0;
   uint64_t compare_add = 0;       // atomics: compare (CMP_SWP) or add (FETCH_ADD)
@@ -126,6 +128,7 @@ struct Completion {
   uint16_t slid;
   uint64_t timestamp_ns;
   bool grh = false;     // a UD receive whose buffer starts with the GRH (IBV_WC_GRH)
+  bool with_inv = false;   // a SEND_WITH_INV's: imm_be holds the invalidated R_Key (host order)
 };
 
 // A work completion laid out as libibverbs' struct ibv_wc (its ABI, which
@@ -147,5 +150,6 @@ struct Wc {
   uint8_t dlid_path_bits;
 };
 constexpr uint32_t kWcWithImm = 1u << 1;   // = IBV_WC_WITH_IMM
+constexpr uint32_t kWcWithInv = 1u << 3;   // = IBV_WC_WITH_INV
 
 }  // namespace usrc::rc

@@ -20,6 +20,10 @@ enum WrMask : uint16_t {
   WR_INLINE_OK = 1u << 5,      // may carry inline data: it only reads local memory
   WR_RETH = 1u << 6,           // its first packet names the remote memory (RETH)
   WR_CONSUMES_RWQE = 1u << 7,  // the responder takes a receive WQE for it
+  WR_INV = 1u << 8,            // its last packet names an R_Key for the responder to invalidate (IETH)
+  // No packets: an operation on this side's memory windows, made at post
+  // time, that completes in send queue order (Engine::post_local).
+  WR_LOCAL = 1u << 9,
   // One request answered with data (IBA 9.4.3, 9.4.5): these count against
   // the initiator depth and the responder resources, and are ordered by
   // the fence.
@@ -38,7 +42,8 @@ struct WrOpcodeInfo {
 namespace detail {
 
 using O = wire::Opcode;
-constexpr size_t kNumWrOpcodes = 7;
+constexpr size_t kNumWrOpcodes = 10;
+constexpr O kNone[4] = {};   // (a local operation's: no packets)
 constexpr O kAck[4] = {O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE};
 
 // Indexed by WrOpcode (= enum ibv_wr_opcode).
@@ -70,6 +75,13 @@ inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kWrOpcodes = {{
      {O::RC_FETCH_ADD, O::RC_FETCH_ADD, O::RC_FETCH_ADD, O::RC_FETCH_ADD},
      {O::RC_ATOMIC_ACKNOWLEDGE, O::RC_ATOMIC_ACKNOWLEDGE, O::RC_ATOMIC_ACKNOWLEDGE,
       O::RC_ATOMIC_ACKNOWLEDGE}},
+    {WrOpcode::local_inv, "IBV_WR_LOCAL_INV", WR_LOCAL, WcOpcode::local_inv,
+     {kNone[0], kNone[1], kNone[2], kNone[3]}, {kNone[0], kNone[1], kNone[2], kNone[3]}},
+    {WrOpcode::bind_mw, "IBV_WR_BIND_MW", WR_LOCAL, WcOpcode::bind_mw,
+     {kNone[0], kNone[1], kNone[2], kNone[3]}, {kNone[0], kNone[1], kNone[2], kNone[3]}},
+    {WrOpcode::send_inv, "IBV_WR_SEND_WITH_INV", WR_SEND | WR_INV | WR_INLINE_OK | WR_CONSUMES_RWQE, WcOpcode::send,
+     {O::RC_SEND_MIDDLE, O::RC_SEND_FIRST, O::RC_SEND_LAST_INV, O::RC_SEND_ONLY_INV},
+     {kAck[0], kAck[1], kAck[2], kAck[3]}},
 }};
 
 // Every row agrees with the packet opcode table: its request packets are
@@ -81,6 +93,10 @@ constexpr bool wr_rows_ok() {
     const WrOpcodeInfo &w = kWrOpcodes[i];
     if (static_cast<size_t>(w.op) != i) return false;   // in WrOpcode order
     const uint16_t m = w.mask;
+    if (m & WR_LOCAL) {
+      if (m != WR_LOCAL) return false;
+      continue;
+    }
     const uint32_t kind = (m & WR_SEND ? wire::IS_SEND : 0u) | (m & WR_WRITE ? wire::IS_WRITE : 0u) |
                           (m & WR_READ ? wire::IS_READ : 0u) | (m & WR_ATOMIC ? wire::IS_ATOMIC : 0u);
     if (__builtin_popcount(kind) != 1) return false;
@@ -101,6 +117,7 @@ constexpr bool wr_rows_ok() {
       const bool starts = one || (pos & wire::POS_FIRST), ends = one || (pos & wire::POS_LAST);
       if (bool(qm & wire::HAS_RETH) != (bool(m & WR_RETH) && starts)) return false;
       if (bool(qm & wire::HAS_IMMDT) != (bool(m & WR_IMM) && ends)) return false;
+      if (bool(qm & wire::HAS_IETH) != (bool(m & WR_INV) && ends)) return false;
       if (bool(qm & wire::CONSUMES_RWQE) != (bool(m & WR_CONSUMES_RWQE) && ends)) return false;
       if (!(r->mask & wire::IS_RESPONSE) || !(r->mask & wire::IS_RC)) return false;
     }

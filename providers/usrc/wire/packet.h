@@ -113,13 +113,15 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 // 0xffff; M, TVer, F, B and the segment index 0).
 //
 // A SEND or RDMA WRITE request's extended headers after the BTH at b: the
-// RETH (va, rkey, dma_len) and the immediate data, as the opcode's row has
+// RETH (va, rkey, dma_len) and the immediate data, or the IETH (the R_Key
+// to invalidate, passed in host order as imm_be), as the opcode's row has
 // them (others are not written). Returns where the payload goes.
 [[gnu::always_inline]] inline uint8_t *put_request_ext(uint8_t *b, const OpcodeInfo &info, uint64_t va,
                                                        uint32_t rkey, uint32_t dma_len, uint32_t imm_be) {
   const HdrOut o{b, &info};
   if (o.has(HAS_RETH)) reth::put(o.at(RETH), va, rkey, dma_len);
   if (o.has(HAS_IMMDT)) immdt::put_be(o.at(IMMDT), imm_be);
+  if (o.has(HAS_IETH)) ieth::put(o.at(IETH), imm_be);
   return o.payload();
 }
 // The same for a caller that kept only the opcode's HAS_RETH and HAS_IMMDT

@@ -21,7 +21,9 @@ static const verbs_context_ops kOps = [] {
   verbs_context_ops o{};
   o.advise_mr = at_boundary<advise_mr>;
   o.alloc_dm = at_boundary<alloc_dm>;
+  o.alloc_parent_domain = at_boundary<alloc_parent_domain>;
   o.alloc_pd = at_boundary<alloc_pd>;
+  o.alloc_td = at_boundary<alloc_td>;
   o.async_event = at_boundary<async_event_op>;
   o.cq_event = at_boundary<cq_event>;
   o.create_ah = at_boundary<create_ah>;
@@ -32,6 +34,7 @@ static const verbs_context_ops kOps = [] {
   o.create_srq_ex = at_boundary<create_srq_ex>;
   o.create_qp_ex = at_boundary<create_qp_ex>;
   o.dealloc_pd = at_boundary<dealloc_pd>;
+  o.dealloc_td = at_boundary<dealloc_td>;
   o.dereg_mr = at_boundary<dereg_mr>;
   o.destroy_ah = at_boundary<destroy_ah>;
   o.destroy_cq = at_boundary<destroy_cq>;
@@ -216,7 +219,7 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.max_cq = 1 << 16;
   o.max_cqe = 1 << 20;
   o.max_mr = 1 << 20;
-  o.max_pd = 1 << 16;
+  o.max_pd = 1 << 16;   // (parent domains are PDs here; thread domains have no attribute)
   o.max_srq = 1 << 16;
   o.max_srq_wr = rc::kMaxWr;
   o.max_srq_sge = rc::kMaxSge;

@@ -103,7 +103,9 @@ static void withdraw_event(Cq *cq) {
 
 void Cq::Events::overflow(rc::Cq &) { cq->ctx->async_event(&cq->vcq.cq, IBV_EVENT_CQ_ERR); }
 
-ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector) {
+// domain: a parent domain, whose allocators give the ring's array (if it
+// has them).
+static ibv_cq *new_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector, Pd *domain) {
   if (cqe < 1 || cqe > (1 << 20) || comp_vector != 0) {
     errno = EINVAL;
     return nullptr;
@@ -113,32 +115,44 @@ ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int co
     errno = EINVAL;   // not a channel of a usrc context
     return nullptr;
   }
-  auto *cq = new (std::nothrow) Cq(&impl(ibctx), static_cast<uint32_t>(cqe));
-  if (!cq) {
-    errno = ENOMEM;
+  Cq *cq = nullptr;
+  int e = ENOMEM;
+  if (!no_throw([&] { cq = new Cq(&impl(ibctx), static_cast<uint32_t>(cqe), domain ? domain->buffers() : nullptr); },
+                &e)) {
+    errno = e;
     return nullptr;
   }
   cq->chan_wfd = wfd;
   cq->chan_rfd = channel ? channel->fd : -1;
   cq->vcq.cq.cqe = cqe;
+  if ((cq->domain = domain)) domain->users++;
   return &cq->vcq.cq;
+}
+
+ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int comp_vector) {
+  return new_cq(ibctx, cqe, channel, comp_vector, nullptr);
 }
 
 int destroy_cq(ibv_cq *ibcq) {
   Cq *cq = to_cq(ibcq);
   if (cq->qps.load()) return EBUSY;
-  delete cq;
+  if (cq->domain) cq->domain->users--;
+  delete cq;   // (a parent domain's allocator frees the ring's array here)
   return 0;
 }
 
 int resize_cq(ibv_cq *ibcq, int cqe) {
   Cq *cq = to_cq(ibcq);
   if (cqe < 1 || cqe > (1 << 20)) return EINVAL;
+  // The new array is made, and the old one freed, outside the engine's
+  // lock (either may be a parent domain's allocator's).
+  rc::Buffer<rc::Completion> b = cq->ring.storage(static_cast<uint32_t>(cqe));
+  bool ok;
   {
     std::lock_guard g(cq->ctx->engine().mu);
-    cq->ring.resize(static_cast<uint32_t>(cqe));
+    ok = cq->ring.resize(b);
   }
-  if (cq->ring.depth() != static_cast<uint32_t>(cqe)) return EINVAL;
+  if (!ok) return EINVAL;
   ibcq->cqe = cqe;
   return 0;
 }
@@ -278,18 +292,29 @@ constexpr uint64_t kWcFlags =
 }  // namespace
 
 ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *a) {
-  // Flow tags, VLANs, tag matching and parent domains are not implemented.
-  if ((a->wc_flags & ~kWcFlags) || (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS)) ||
+  // Flow tags, VLANs and tag matching are not implemented.
+  if ((a->wc_flags & ~kWcFlags) ||
+      (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) ||
       ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
        (a->flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)))) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
+  // IBV_CQ_INIT_ATTR_MASK_PD: a parent domain of this context (not a plain
+  // PD), whose allocators, if it has them, give the CQ's array.
+  Pd *domain = nullptr;
+  if (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    if (!a->parent_domain || a->parent_domain->context != ibctx || !to_pd(a->parent_domain)->parent()) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    domain = to_pd(a->parent_domain);
+  }
   if (a->cqe > INT32_MAX) {
     errno = EINVAL;
     return nullptr;
   }
-  ibv_cq *c = create_cq(ibctx, static_cast<int>(a->cqe), a->channel, static_cast<int>(a->comp_vector));
+  ibv_cq *c = new_cq(ibctx, static_cast<int>(a->cqe), a->channel, static_cast<int>(a->comp_vector), domain);
   if (!c) return nullptr;
   // libibverbs fills context, channel (and its reference), cq_context and
   // the event counters after this returns, as for ibv_create_cq.

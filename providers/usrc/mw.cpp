@@ -37,6 +37,7 @@ ibv_mw *alloc_mw(ibv_pd *ibpd, ibv_mw_type type) {
   w->mw.type = type;
   w->mw.handle = w->mw.rkey;
   w->view.mw = w;
+  w->view.on = to_pd(ibpd);
   to_pd(ibpd)->users++;
   return &w->mw;
 }
@@ -68,10 +69,10 @@ int dealloc_mw(ibv_mw *mw) {
 // key the window's own but for its low 8 bits (ibv_inc_rkey); a type 2
 // window not bound already.
 static WcStatus bind(Context &c, const Qp &qp, Mw *w, uint32_t rkey, const ibv_mw_bind_info &b) {
-  const Pd *pd = to_pd(qp.vqp.qp.pd);
+  const Pd *pd = prot_pd(qp.vqp.qp.pd);
   const bool type2 = w->mw.type == IBV_MW_TYPE_2;
   constexpr unsigned kRemote = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-  if (w->mw.context != qp.vqp.qp.context || to_pd(w->mw.pd) != pd || (rkey >> 8) != (w->mw.rkey >> 8) ||
+  if (w->mw.context != qp.vqp.qp.context || prot_pd(w->mw.pd) != pd || (rkey >> 8) != (w->mw.rkey >> 8) ||
       (type2 && (w->mr || !b.length)))
     return WcStatus::mw_bind_err;
   Mr *mr = b.mr ? to_mr(b.mr) : nullptr;
@@ -113,7 +114,7 @@ static WcStatus local_op(Qp *qp, const ibv_send_wr &wr, bool type1) {
   Context &c = *qp->ctx;
   if (qp->t->state == rc::QpState::err) return WcStatus::success;   // flushed: no effect
   if (wr.opcode == IBV_WR_LOCAL_INV)
-    return c.invalidate(to_pd(qp->vqp.qp.pd), 0, wr.invalidate_rkey) ? WcStatus::success : WcStatus::loc_qp_op_err;
+    return c.invalidate(prot_pd(qp->vqp.qp.pd), 0, wr.invalidate_rkey) ? WcStatus::success : WcStatus::loc_qp_op_err;
   Mw *w = reinterpret_cast<Mw *>(wr.bind_mw.mw);
   if (!w || (w->mw.type == IBV_MW_TYPE_1) != type1) return WcStatus::mw_bind_err;
   return bind(c, *qp, w, wr.bind_mw.rkey, wr.bind_mw.bind_info);

@@ -17,11 +17,100 @@ ibv_pd *alloc_pd(ibv_context *) {
   return pd ? &pd->pd : nullptr;
 }
 
+// A parent domain's allocators (IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS):
+// the source of the arrays of the objects created on it, called in the
+// thread that creates, resizes or destroys the object, never under the
+// engine's lock:
+//   a QP's send queue and receive queue WQE arrays (resource_type 1 and 2),
+//   an SRQ's WQE array (3),
+//   a CQ's completion array (4; CQs of ibv_create_cq_ex with
+//   IBV_CQ_INIT_ATTR_MASK_PD),
+// each with alignment 64 (rc/buffer.h). IBV_ALLOCATOR_USE_DEFAULT from
+// alloc takes the heap for that array, and free is not called for it.
+// Everything else (the objects themselves, AHs, MRs) is the provider's.
+struct PdAllocators final : rc::BufferSource {
+  ibv_pd *pd;
+  void *pd_context;
+  void *(*alloc_fn)(ibv_pd *, void *, size_t, size_t, uint64_t);
+  void (*free_fn)(ibv_pd *, void *, void *, uint64_t);
+  PdAllocators(ibv_pd *p, const ibv_parent_domain_init_attr &a)
+      : pd(p), pd_context(a.pd_context), alloc_fn(a.alloc), free_fn(a.free) {}
+  void *alloc(size_t size, size_t align, rc::BufferKind kind) override {
+    void *p = alloc_fn(pd, pd_context, size, align, static_cast<uint64_t>(kind));
+    return p == IBV_ALLOCATOR_USE_DEFAULT ? kUseHeap : p;
+  }
+  void free(void *p, rc::BufferKind kind) override { free_fn(pd, pd_context, p, static_cast<uint64_t>(kind)); }
+};
+
+rc::BufferSource *Pd::buffers() const { return allocators; }
+
 int dealloc_pd(ibv_pd *ibpd) {
   Pd *pd = to_pd(ibpd);
+  // (A PD with parent domains on it counts them as users.)
   if (pd->users.load()) return EBUSY;
+  if (pd->parent()) {
+    pd->base->users--;
+    if (pd->td) pd->td->users--;
+    delete pd->allocators;
+  }
   delete pd;
   return 0;
+}
+
+ibv_td *alloc_td(ibv_context *ibctx, ibv_td_init_attr *attr) {
+  if (!attr || attr->comp_mask) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto *td = new (std::nothrow) Td{};
+  if (!td) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  td->td.context = ibctx;
+  return &td->td;
+}
+
+int dealloc_td(ibv_td *ibtd) {
+  Td *td = to_td(ibtd);
+  if (td->users.load()) return EBUSY;   // a parent domain is on it
+  delete td;
+  return 0;
+}
+
+// A parent domain over attr->pd, a PD (not a parent domain) of this
+// context; a thread domain of this context, if any.
+ibv_pd *alloc_parent_domain(ibv_context *ibctx, ibv_parent_domain_init_attr *attr) {
+  constexpr uint32_t kKnown = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+  const bool with_alloc = attr && (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS);
+  if (!attr || (attr->comp_mask & ~kKnown) || !attr->pd || attr->pd->context != ibctx ||
+      to_pd(attr->pd)->parent() || (attr->td && attr->td->context != ibctx) ||
+      (with_alloc && (!attr->alloc || !attr->free))) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto *pd = new (std::nothrow) Pd{};
+  if (!pd) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  ibv_parent_domain_init_attr a = *attr;
+  if (!(a.comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)) a.pd_context = nullptr;
+  if (with_alloc && !(pd->allocators = new (std::nothrow) PdAllocators(&pd->pd, a))) {
+    delete pd;
+    errno = ENOMEM;
+    return nullptr;
+  }
+  // (libibverbs' ibv_alloc_parent_domain fills nothing in.)
+  pd->pd.context = ibctx;
+  pd->pd.handle = attr->pd->handle;
+  pd->base = to_pd(attr->pd);
+  pd->base->users++;
+  if (attr->td) {
+    pd->td = to_td(attr->td);
+    pd->td->users++;
+  }
+  return &pd->pd;
 }
 
 constexpr int kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
@@ -51,8 +140,9 @@ static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova,
     errno = ENOMEM;
     return nullptr;
   }
-  Pd *pd = to_pd(ibpd);
+  Pd *pd = prot_pd(ibpd);
   mr->pd = pd;
+  mr->on = to_pd(ibpd);
   mr->addr = addr;
   mr->iova = iova;
   mr->length = length;
@@ -73,7 +163,7 @@ static ibv_mr *add_mr(ibv_pd *ibpd, uint8_t *addr, size_t length, uint64_t iova,
         !c.engine().local_peers().expose(key, {reinterpret_cast<uint64_t>(pd), addr, iova, length}))
       c.engine().counters[uint32_t(Counter::direct_unlisted)]++;
   }
-  pd->users++;
+  mr->on->users++;
   return &mr->vmr.ibmr;
 }
 
@@ -177,7 +267,7 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
   Context &c = impl(vmr->ibmr.context);
   const auto refuse = [](int e) { return errno = e; };
   const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : static_cast<int>(mr->access);
-  Pd *new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? (ibpd ? to_pd(ibpd) : nullptr) : mr->pd;
+  Pd *new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? (ibpd ? to_pd(ibpd) : nullptr) : mr->on;
   if (mr->dm || !new_pd || ((flags & IBV_REREG_MR_CHANGE_PD) && ibpd->context != vmr->ibmr.context))
     return refuse(EINVAL);
   if (new_access & ~kMrAccess) return refuse(EOPNOTSUPP);
@@ -202,10 +292,11 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
     mr->access = static_cast<uint32_t>(new_access);
     mr->odp = new_access & IBV_ACCESS_ON_DEMAND;
     vmr->access = new_access;
-    if (new_pd != mr->pd) {
-      mr->pd->users--;
+    if (new_pd != mr->on) {
+      mr->on->users--;
       new_pd->users++;
-      mr->pd = new_pd;
+      mr->on = new_pd;
+      mr->pd = new_pd->base;
     }
     if ((new_access & IBV_ACCESS_REMOTE_WRITE) && !mr->odp &&
         !c.engine().local_peers().expose(key, {reinterpret_cast<uint64_t>(mr->pd), mr->addr, mr->iova, mr->length}))
@@ -227,7 +318,7 @@ int dereg_mr(verbs_mr *vmr) {
     c.engine().invalidate_lkey(vmr->ibmr.lkey);   // (posted WQEs must not write into it)
     c.engine().local_peers().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)
   }
-  mr->pd->users--;
+  mr->on->users--;
   if (mr->dm) mr->dm->mrs--;
   delete mr;
   return 0;
@@ -252,7 +343,7 @@ int advise_mr(ibv_pd *ibpd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge
   std::lock_guard g(c.engine().mu);   // (the MR table's lock)
   for (uint32_t i = 0; i < num_sge; i++) {
     const Mr *mr = c.find_mr(sg[i].lkey);
-    if (!mr || mr->pd != to_pd(ibpd) || !mr->odp || !mr->range(sg[i].addr, sg[i].length)) return EINVAL;
+    if (!mr || mr->pd != prot_pd(ibpd) || !mr->odp || !mr->range(sg[i].addr, sg[i].length)) return EINVAL;
     if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return EINVAL;
   }
   return 0;

@@ -20,6 +20,8 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   }
   Context &c = impl(ibpd->context);
   Srq *srq = ia->srq ? to_srq(ia->srq) : nullptr;
+  // (A parent domain's QP: its PD's protection, the parent domain's
+  // allocators.)
   ibv_qp_cap &cap = ia->cap;
   // (On an SRQ the receive capacities are the SRQ's: ignored.)
   if (srq) cap.max_recv_wr = cap.max_recv_sge = 0;
@@ -41,18 +43,26 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   cap.max_send_sge = rc::kMaxSge;
   cap.max_recv_sge = srq ? 0 : rc::kMaxSge;
   cap.max_inline_data = rc::kMaxInline;
+  // The WQE arrays, from the parent domain's allocators if it has them,
+  // made (and, if no QP comes of it, freed) outside the engine's lock.
+  rc::QpStorage st;
+  int e = ENOMEM;
+  if (!no_throw([&] { st = rc::QpStorage(cap.max_send_wr, cap.max_recv_wr, to_pd(ibpd)->buffers()); }, &e)) {
+    delete qp;
+    errno = e;
+    return nullptr;
+  }
   {
     std::lock_guard g(c.engine().mu);
-    int e = ENOMEM;
     qp->t = nullptr;
-    if (!no_throw([&] { qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr); }, &e) ||
+    if (!no_throw([&] { qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr, &st); }, &e) ||
         !qp->t) {
       delete qp;
       errno = e;
       return nullptr;
     }
     qp->t->user = qp;
-    qp->t->pd = to_pd(ibpd);
+    qp->t->pd = prot_pd(ibpd);
     qp->t->send_cq = &to_cq(ia->send_cq)->ring;
     qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
     qp->t->sq_sig_all = ia->sq_sig_all;
@@ -120,9 +130,10 @@ ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
 
 int destroy_qp(ibv_qp *ibqp) {
   Qp *qp = to_qp(ibqp);
+  rc::QpStorage back;   // (the allocators' arrays: freed at the end, outside the lock)
   {
     std::lock_guard g(qp->ctx->engine().mu);
-    qp->ctx->engine().destroy_qp(qp->t);
+    qp->ctx->engine().destroy_qp(qp->t, &back);
   }
   qp->ctx->kick();   // a lingering QP has a timer
   to_pd(ibqp->pd)->users--;
@@ -348,7 +359,7 @@ static inline bool post_small_send(Qp *qp, const ibv_send_wr *wr) {
   if (!t.send_room() || !e.small_ready(t, len)) return false;   // (inline: small_ready's limit is within kMaxInline)
   rc::SendWqe &w = t.sq.back();
   if (wr->send_flags & IBV_SEND_INLINE) w.wr.sge[0] = {reinterpret_cast<uint8_t *>(wr->sg_list[0].addr), len};
-  else if (!map_sges(*qp->ctx, to_pd(qp->vqp.qp.pd), wr->sg_list, 1, w.wr.sge, false)) return false;
+  else if (!map_sges(*qp->ctx, prot_pd(qp->vqp.qp.pd), wr->sg_list, 1, w.wr.sge, false)) return false;
   w.wr.wr_id = wr->wr_id;
   w.wr.opcode = static_cast<rc::WrOpcode>(wr->opcode);
   w.wr.flags = wr->send_flags;   // (the same bits: see the static_asserts)
@@ -406,13 +417,14 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   return 0;
 }
 
-// A UD WR's own checks: a SEND of one packet at most, an AH of the QP's PD,
+// A UD WR's own checks: a SEND of one packet at most, an AH of the QP's PD
+// (a parent domain counting as its PD),
 // a QPN that some QP can have (*port: its UDP port).
 static int check_ud_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t len, uint16_t *port) {
   const DeviceConfig &cfg = qp->ctx->cfg();
   *port = port_of_qpn(cfg, wr.wr.ud.remote_qpn);
   if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || len > cfg.active_mtu || !wr.wr.ud.ah ||
-      wr.wr.ud.ah->pd != qp->vqp.qp.pd || !*port)
+      prot_pd(wr.wr.ud.ah->pd) != prot_pd(qp->vqp.qp.pd) || !*port)
     return EINVAL;
   return 0;
 }
@@ -449,7 +461,7 @@ static inline bool send_sges(Context &c, const Pd *pd, const ibv_send_wr &wr, rc
 static int post_ud_send(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   Context &c = *qp->ctx;
   rc::Engine &e = c.engine();
-  const Pd *pd = to_pd(qp->vqp.qp.pd);
+  const Pd *pd = prot_pd(qp->vqp.qp.pd);
   int err = 0;
   for (; wr; wr = wr->next) {
     uint64_t len;
@@ -480,7 +492,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
   if (qp->t->type == rc::QpType::ud) return post_ud_send(qp, wr, bad);
   Context &c = *qp->ctx;
   rc::Engine &e = c.engine();
-  const Pd *pd = to_pd(qp->vqp.qp.pd);
+  const Pd *pd = prot_pd(qp->vqp.qp.pd);
   int err = 0;
   for (; wr; wr = wr->next) {
     uint64_t len;
@@ -545,7 +557,7 @@ bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
 [[gnu::noinline]] static int post_recv_list(Qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Context &c = *qp->ctx;
   rc::Engine &e = c.engine();
-  const Pd *pd = to_pd(qp->vqp.qp.pd);
+  const Pd *pd = prot_pd(qp->vqp.qp.pd);
   int err = 0;
   {
     std::lock_guard g(e.mu);
@@ -587,7 +599,7 @@ int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
     std::lock_guard g(e.mu);   // (the MR table's lock too)
     rc::RecvWr *w = t.state != rc::QpState::reset ? e.recv_slot(t) : nullptr;   // (ERR: posted, then flushed)
     uint8_t *addr;
-    if (w && (addr = map_sge(c, to_pd(ibqp->pd), sge, true))) {
+    if (w && (addr = map_sge(c, prot_pd(ibqp->pd), sge, true))) {
       w->wr_id = wr->wr_id;
       w->num_sge = 1;
       w->sge[0] = {addr, sge.length, sge.lkey};

@@ -22,7 +22,8 @@ ibv_srq *create_srq(ibv_pd *ibpd, ibv_srq_init_attr *ia) {
     return nullptr;
   }
   int e = ENOMEM;
-  if (!no_throw([&] { srq->q.init(std::max(a.max_wr, 1u)); }, &e)) {
+  // (From a parent domain's allocators, if it has them.)
+  if (!no_throw([&] { srq->q.init(std::max(a.max_wr, 1u), to_pd(ibpd)->buffers(), rc::BufferKind::srq); }, &e)) {
     delete srq;
     errno = e;
     return nullptr;
@@ -76,17 +77,22 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
 int modify_srq(ibv_srq *ibsrq, ibv_srq_attr *attr, int mask) {
   Srq *srq = to_srq(ibsrq);
   if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
-  std::lock_guard g(srq->ctx->engine().mu);
   rc::RecvQueue &q = srq->q;
+  // A new array is made before the lock is taken (it may come from a
+  // parent domain's allocator); the old one is freed after it is released.
+  rc::Buffer<rc::RecvWqe> slots;
+  if ((mask & IBV_SRQ_MAX_WR) && attr->max_wr && attr->max_wr <= rc::kMaxWr) {
+    int e = ENOMEM;
+    if (!no_throw([&] { slots = rc::Buffer<rc::RecvWqe>(attr->max_wr, q.slots.source(), rc::BufferKind::srq); }, &e))
+      return e;
+  }
+  std::lock_guard g(srq->ctx->engine().mu);
   // A new size holds what is posted; a limit is below the size, and not
   // above what is posted (it would be reached at once).
   const uint32_t size = (mask & IBV_SRQ_MAX_WR) ? attr->max_wr : q.capacity();
   if ((mask & IBV_SRQ_MAX_WR) && (size > rc::kMaxWr || size < q.size() || size == 0)) return EINVAL;
   if ((mask & IBV_SRQ_LIMIT) && (attr->srq_limit >= size || attr->srq_limit > q.size())) return EINVAL;
-  if ((mask & IBV_SRQ_MAX_WR) && size != q.capacity()) {
-    int e = ENOMEM;
-    if (!no_throw([&] { rc::Engine::resize(q, size); }, &e)) return e;
-  }
+  if ((mask & IBV_SRQ_MAX_WR) && size != q.capacity()) rc::Engine::resize(q, slots);
   if (mask & IBV_SRQ_LIMIT) q.limit = attr->srq_limit;
   return 0;
 }
@@ -118,7 +124,7 @@ int destroy_srq(ibv_srq *ibsrq) {
 int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Srq *srq = to_srq(ibsrq);
   Context &c = *srq->ctx;
-  const Pd *pd = to_pd(ibsrq->pd);
+  const Pd *pd = prot_pd(ibsrq->pd);   // (a parent domain's SRQ: its PD's keys)
   int err = 0;
   std::lock_guard g(c.engine().mu);
   for (; wr; wr = wr->next) {

@@ -29,14 +29,38 @@ struct Device {
   DeviceConfig *cfg;
 };
 
+// A thread domain (ibv_alloc_td): the application's promise that what it
+// creates on a parent domain of it is used by one thread at a time. usrc
+// keeps its own locking all the same: a TD changes nothing but its count.
+struct Td {
+  ibv_td td;                        // first: ibv_td* converts to Td*
+  std::atomic<uint32_t> users{0};   // parent domains on it
+};
+
+struct PdAllocators;   // pd_mr.cpp
+
+// A protection domain, or a parent domain (ibv_alloc_parent_domain): an
+// ibv_pd of its own over a PD (base), with an optional thread domain and
+// the application's allocators. Protection is the base's: keys, AHs and
+// QPs of a parent domain and of its PD are of one domain (compare bases).
 struct Pd {
   ibv_pd pd;
-  std::atomic<uint32_t> users{0};   // MRs and QPs using it
+  // MRs, QPs, SRQs, AHs using it; a parent domain's CQs; the parent
+  // domains on a PD.
+  std::atomic<uint32_t> users{0};
+  Pd *base = this;                  // the PD whose protection it has
+  Td *td = nullptr;                 // a parent domain's, if any
+  PdAllocators *allocators = nullptr;   // a parent domain's, if it has them
+  bool parent() const { return base != this; }
+  // Where the arrays of the objects created on it come from (nullptr:
+  // the heap).
+  rc::BufferSource *buffers() const;
 };
 
 struct Mr {
   verbs_mr vmr;
-  Pd *pd;
+  Pd *pd;                      // its protection domain (a PD, never a parent domain)
+  Pd *on;                      // the PD or parent domain it was registered on
   uint8_t *addr;
   uint64_t iova;
   uint64_t length;
@@ -104,6 +128,7 @@ struct Srq {
 struct Cq {
   verbs_cq vcq;                // first: ibv_cq* converts to Cq*
   Context *ctx;
+  Pd *domain = nullptr;        // the parent domain it was created on (create_cq_ex), if any
   int chan_wfd = -1;           // completion channel, writer end
   // Armed (req_notify_cq) and its event not yet taken (cq_event): the
   // application waits for it, and its polls meanwhile are no polling loop.
@@ -121,7 +146,7 @@ struct Cq {
   // ibv_wc_read_* accessors read, guarded from start to end of a poll.
   std::mutex poll_mu;
   rc::Completion cur{};
-  Cq(Context *c, uint32_t depth) : ctx(c), ring(depth, &events) {}
+  Cq(Context *c, uint32_t depth, rc::BufferSource *src = nullptr) : ctx(c), ring(depth, &events, src) {}
 };
 
 struct Qp {
@@ -242,6 +267,10 @@ inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
 inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
 inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
+// The protection domain of a PD or parent domain (what MRs, AHs and QPs
+// are checked against).
+inline Pd *prot_pd(ibv_pd *p) { return to_pd(p)->base; }
+inline Td *to_td(ibv_td *t) { return reinterpret_cast<Td *>(t); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
 inline Srq *to_srq(ibv_srq *s) { return reinterpret_cast<Srq *>(s); }
 inline Ah *to_ah(ibv_ah *a) { return reinterpret_cast<Ah *>(a); }
@@ -254,6 +283,7 @@ static_assert(std::is_standard_layout_v<Device> && offsetof(Device, vdev) == 0 &
               offsetof(verbs_device, device) == 0);
 static_assert(std::is_standard_layout_v<VerbsContext> && offsetof(VerbsContext, vctx) == 0);
 static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, pd) == 0);
+static_assert(std::is_standard_layout_v<Td> && offsetof(Td, td) == 0);
 static_assert(std::is_standard_layout_v<Mr> && offsetof(Mr, vmr) == 0 && offsetof(verbs_mr, ibmr) == 0);
 static_assert(std::is_standard_layout_v<Dm> && offsetof(Dm, dm) == 0);
 static_assert(std::is_standard_layout_v<Ah> && offsetof(Ah, ah) == 0);
@@ -283,6 +313,9 @@ int query_device_ex(ibv_context *, const ibv_query_device_ex_input *, ibv_device
 int query_port(ibv_context *, uint8_t, ibv_port_attr *);
 ibv_pd *alloc_pd(ibv_context *);
 int dealloc_pd(ibv_pd *);
+ibv_td *alloc_td(ibv_context *, ibv_td_init_attr *);
+int dealloc_td(ibv_td *);
+ibv_pd *alloc_parent_domain(ibv_context *, ibv_parent_domain_init_attr *);
 ibv_mr *reg_mr(ibv_pd *, void *, size_t, uint64_t, int);
 int advise_mr(ibv_pd *, ibv_advise_mr_advice, uint32_t flags, ibv_sge *, uint32_t num_sge);
 int dereg_mr(verbs_mr *);

@@ -290,7 +290,13 @@ TEST_CASE("a work request's packets come from the WR opcode table", "[wire]") {
     CHECK(bool(w->mask & usrc::rc::WR_READ_OR_ATOMIC) == rd);
     CHECK(bool(w->mask & usrc::rc::WR_INLINE_OK) == !rd);
   }
-  CHECK(usrc::rc::wr_opcode_info(7) == nullptr);   // IBV_WR_LOCAL_INV and on: not supported
+  // SEND with Invalidate: its last packet carries the IETH; the local
+  // operations have no packets.
+  CHECK(ops(WrOpcode::send_inv, 1) == V{Opcode::RC_SEND_ONLY_INV});
+  CHECK(ops(WrOpcode::send_inv, 2) == V{Opcode::RC_SEND_FIRST, Opcode::RC_SEND_LAST_INV});
+  CHECK(wr_info(WrOpcode::local_inv).mask == usrc::rc::WR_LOCAL);
+  CHECK(wr_info(WrOpcode::bind_mw).wc_opcode == usrc::rc::WcOpcode::bind_mw);
+  CHECK(usrc::rc::wr_opcode_info(10) == nullptr);   // IBV_WR_TSO and on: not supported
 }
 
 TEST_CASE("the BTH and extended headers sit where IBA 9.2 and 9.3 put them", "[wire]") {

@@ -31,16 +31,21 @@ bool Cq::rearm_if_empty() {
 }
 
 void Cq::resize(uint32_t depth) {
+  Buffer<Completion> b = storage(depth);
+  resize(b);
+}
+
+bool Cq::resize(Buffer<Completion> &r) {
   std::lock_guard g(mu_);   // (the producer is ours: the engine lock)
   const size_t h = head_.load(std::memory_order_relaxed), t = tail_.load(std::memory_order_relaxed);
   const size_t used = (t + size_ - h) % size_;
-  if (used > depth) return;
-  std::vector<Completion> r(depth + 1);
+  if (used + 1 > r.size()) return false;
   for (size_t i = 0, k = h; i < used; i++, k = next(k)) r[i] = ring_[k];
   ring_.swap(r);
   size_ = ring_.size();
   head_.store(0, std::memory_order_relaxed);
   tail_.store(used, std::memory_order_release);
+  return true;
 }
 
 void Cq::clean(uint32_t qpn) {

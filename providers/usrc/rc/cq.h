@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "usrc/common/lock.h"
+#include "usrc/rc/buffer.h"
 #include "usrc/rc/types.h"
 
 namespace usrc::rc {
@@ -26,7 +27,9 @@ class Cq {
     ~Hooks() = default;
   };
 
-  Cq(uint32_t depth, Hooks *hooks) : ring_(depth + 1), size_(depth + 1), hooks_(hooks) {}
+  // src: where the ring's array comes from (nullptr: the heap).
+  Cq(uint32_t depth, Hooks *hooks, BufferSource *src = nullptr)
+      : ring_(depth + 1, src, BufferKind::cq), size_(depth + 1), hooks_(hooks) {}
   uint32_t depth() const { return static_cast<uint32_t>(size_ - 1); }
 
   // The producer's side and the arm, under the engine lock (arm_ is the
@@ -88,6 +91,11 @@ class Cq {
   bool rearm_if_empty();
   // Under the engine lock; fails silently if current entries do not fit.
   void resize(uint32_t depth);
+  // An array for depth entries, from the ring's source (any thread).
+  Buffer<Completion> storage(uint32_t depth) const { return Buffer<Completion>(depth + 1, ring_.source(), BufferKind::cq); }
+  // The same with that array (from storage()): false if the current
+  // entries do not fit it. True: b has the old array, to be freed.
+  bool resize(Buffer<Completion> &b);
   // Drops the completions of QP qpn not yet polled, the others kept in
   // order: the QP went back to RESET (as the kernel's drivers clean the
   // CQ then). Under the engine lock.
@@ -97,7 +105,7 @@ class Cq {
   size_t next(size_t i) const { return i + 1 == size_ ? 0 : i + 1; }
   bool overflow();   // push() found the ring full: reports it once, false
   void fire();       // push() met the arm: the event fires
-  std::vector<Completion> ring_;   // one slot always empty: full is tail + 1 == head
+  Buffer<Completion> ring_;   // one slot always empty: full is tail + 1 == head
   size_t size_;                    // ring_.size(), kept (size() divides by sizeof)
   Hooks *hooks_;
   Arm arm_ = Arm::none;

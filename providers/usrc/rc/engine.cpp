@@ -32,7 +32,7 @@ Engine::~Engine() {
   live_.clear();
 }
 
-Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
+Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr, QpStorage *st) {
   for (uint32_t n = 0; n < kQpsPerSlot; n++) {
     const uint32_t i = (qpn_walk_ += qpn_stride_) & (kQpsPerSlot - 1);
     if (qps_[i]) continue;
@@ -40,8 +40,13 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
     auto qp = std::make_unique<Qp>();
     qp->qpn = (slot_ << kQpnIndexBits) | i;
     qp->sq_cap = max_send_wr ? max_send_wr : 1;
-    qp->sq.init(qp->sq_cap + kPlacedSlack);
-    qp->own_rq.init(max_recv_wr ? max_recv_wr : 1);
+    if (st) {
+      qp->sq.adopt(st->sq);
+      qp->own_rq.adopt(st->rq);
+    } else {
+      qp->sq.init(qp->sq_cap + kPlacedSlack);
+      qp->own_rq.init(max_recv_wr ? max_recv_wr : 1);
+    }
     live_.reserve(live_.size() + 1);
     qps_[i] = qp.get();
     live_.push_back(qp.get());
@@ -51,7 +56,14 @@ Qp *Engine::create_qp(uint32_t max_send_wr, uint32_t max_recv_wr) {
   return nullptr;
 }
 
-void Engine::destroy_qp(Qp *qp) {
+// A destroyed QP's arrays that came from a source, moved to *out.
+static void take_storage(Qp &qp, QpStorage *out) {
+  if (!out) return;
+  if (qp.sq.slots.custom()) out->sq = std::move(qp.sq.slots);
+  if (qp.own_rq.slots.custom()) out->rq = std::move(qp.own_rq.slots);
+}
+
+void Engine::destroy_qp(Qp *qp, QpStorage *give_back) {
   tx_flush();   // held ACKs
   update_gate(*qp, false);   // nothing is placed into a destroyed QP
   drop_held(*qp);
@@ -59,7 +71,27 @@ void Engine::destroy_qp(Qp *qp) {
   qp->resp.has_cur = false;
   bool responded = qp->resp.comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
-  if (!responded) return reap(qp);
+  if (!responded) {
+    take_storage(*qp, give_back);
+    return reap(qp);
+  }
+  if (give_back && (qp->sq.slots.custom() || qp->own_rq.slots.custom())) {
+    // The application's memory goes back now: a lingering QP posts and
+    // takes no WQE, one empty heap slot of each will do.
+    Buffer<SendWqe> s;
+    Buffer<RecvWqe> r;
+    try {
+      s = Buffer<SendWqe>(1);
+      r = Buffer<RecvWqe>(1);
+    } catch (const std::bad_alloc &) {
+      take_storage(*qp, give_back);
+      return reap(qp);   // (no linger, rather than a failed destroy)
+    }
+    qp->sq.adopt(s);
+    qp->own_rq.adopt(r);
+    if (s.custom()) give_back->sq = std::move(s);
+    if (r.custom()) give_back->rq = std::move(r);
+  }
   // Linger for about one of the peer's retry periods after the last packet
   // (we assume its Local ACK Timeout is like ours), capped at one second.
   uint64_t t = local_ack_timeout_ns(qp->attr.timeout);
@@ -376,12 +408,13 @@ void Engine::srq_limit(RecvQueue &q) {
   if (hooks_) hooks_->srq_event(q);
 }
 
-void Engine::resize(RecvQueue &q, uint32_t n) {
+void Engine::resize(RecvQueue &q, Buffer<RecvWqe> &slots) {
   RecvQueue r;
-  r.init(n);   // (out of memory: std::bad_alloc, q unchanged)
+  r.adopt(slots);
   for (; !q.empty(); q.pop(), r.push()) r.back() = q.front();
   r.user = q.user;
   r.limit = q.limit;
+  slots = std::move(q.slots);
   q = std::move(r);
 }
 

@@ -69,8 +69,12 @@ class Engine {
   // A WR that failed local checks at post time: it completes with st and
   // the QP goes to the Error state (IBA 10.8.3.1, local errors).
   void post_error(Qp &qp, uint64_t wr_id, WcOpcode op, WcStatus st, bool recv);
-  Qp *create_qp(uint32_t max_send_wr, uint32_t max_recv_wr);   // nullptr: no QPN left
-  void destroy_qp(Qp *qp);
+  // nullptr: no QPN left. st: the QP's arrays, made for these depths
+  // (taken from it; without it they come from the heap).
+  Qp *create_qp(uint32_t max_send_wr, uint32_t max_recv_wr, QpStorage *st = nullptr);
+  // give_back: the arrays that came from a source are moved there (a QP
+  // that lingers keeps an empty heap slot of each instead).
+  void destroy_qp(Qp *qp, QpStorage *give_back = nullptr);
   // True while destroyed QPs still linger (see Qp::linger_until).
   bool lingering() const { return lingering_ != 0; }
   Qp *find_qp(uint32_t qpn);
@@ -160,8 +164,10 @@ class Engine {
   // A QP takes its receives from the SRQ q from now (created on it), or
   // from its own queue again (q nullptr: destroyed, it takes none).
   void use_srq(Qp &qp, RecvQueue *q) { qp.rq = q ? q : &qp.own_rq; }
-  // Resizes a shared receive queue to n WQEs (at least those it holds).
-  static void resize(RecvQueue &q, uint32_t n);
+  // Moves a shared receive queue's WQEs into slots (at least as many as
+  // it holds), which it keeps; slots gets its old array (for the caller to
+  // free outside the lock).
+  static void resize(RecvQueue &q, Buffer<RecvWqe> &slots);
   // The SRQs of the context (invalidate_lkey walks them).
   void add_srq(RecvQueue *q) { srqs_.push_back(q); }
   void remove_srq(RecvQueue *q) { std::erase(srqs_, q); }

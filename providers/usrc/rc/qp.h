@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "usrc/net/nic.h"
+#include "usrc/rc/buffer.h"
 #include "usrc/rc/cq.h"
 #include "usrc/rc/types.h"
 
@@ -54,12 +55,18 @@ struct RecvWqe {
 // part of a small message's cost).
 template <class T>
 struct Ring {
-  std::vector<T> slots;
+  Buffer<T> slots;               // (from a source, if init is given one: buffer.h)
   uint64_t head = 0, tail = 0;   // positions: move them with pop() and push() only
-  void init(uint32_t n) {
-    slots.assign(n, T{});
-    cap = n;
-    inv = UINT64_MAX / n;
+  void init(uint32_t n, BufferSource *src = nullptr, BufferKind kind = BufferKind::none) {
+    adopt(Buffer<T>(n, src, kind));
+  }
+  // Empty, with these n slots (n >= 1) for its storage; the old storage is
+  // left in b, for the caller to free.
+  void adopt(Buffer<T> &&b) { adopt(b); }
+  void adopt(Buffer<T> &b) {
+    slots.swap(b);
+    cap = static_cast<uint32_t>(slots.size());
+    inv = UINT64_MAX / cap;
     clear();
   }
   void clear() { head = tail = 0, hi = ti = 0; }
@@ -286,6 +293,20 @@ struct Qp {
   CompState comp;
   RespState resp;
   LocalPath local;
+};
+
+// A QP's two arrays, made before it (Engine::create_qp takes them; made
+// outside the engine's lock, where an application's allocator may be
+// called) and, those that came from a source, handed back when it is
+// destroyed (Engine::destroy_qp), to be freed outside the lock too.
+struct QpStorage {
+  Buffer<SendWqe> sq;
+  Buffer<RecvWqe> rq;
+  QpStorage() = default;
+  // For max_send_wr and max_recv_wr WQEs (0 counts as 1).
+  QpStorage(uint32_t max_send_wr, uint32_t max_recv_wr, BufferSource *src)
+      : sq((max_send_wr ? max_send_wr : 1) + kPlacedSlack, src, BufferKind::send_queue),
+        rq(max_recv_wr ? max_recv_wr : 1, src, BufferKind::recv_queue) {}
 };
 
 }  // namespace usrc::rc

@@ -26,6 +26,7 @@ static const verbs_context_ops kOps = [] {
   o.alloc_pd = at_boundary<alloc_pd>;
   o.alloc_td = at_boundary<alloc_td>;
   o.async_event = at_boundary<async_event_op>;
+  o.close_xrcd = at_boundary<close_xrcd>;
   o.bind_mw = at_boundary<bind_mw>;
   o.cq_event = at_boundary<cq_event>;
   o.create_ah = at_boundary<create_ah>;
@@ -44,6 +45,8 @@ static const verbs_context_ops kOps = [] {
   o.destroy_qp = at_boundary<destroy_qp>;
   o.destroy_srq = at_boundary<destroy_srq>;
   o.free_dm = at_boundary<free_dm>;
+  o.get_srq_num = at_boundary<get_srq_num>;
+  o.open_xrcd = at_boundary<open_xrcd>;
   o.modify_qp = at_boundary<modify_qp>;
   o.modify_srq = at_boundary<modify_srq>;
   o.poll_cq = at_boundary<poll_cq, true>;
@@ -216,7 +219,7 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   o.max_qp = static_cast<int>(kQpsPerSlot);
   o.max_qp_wr = rc::kMaxWr;
   o.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_CURR_QP_STATE_MOD |
-                       IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_MEM_WINDOW |
+                       IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_XRC | IBV_DEVICE_MEM_WINDOW |
                        IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   o.max_sge = rc::kMaxSge;
   o.max_sge_rd = rc::kMaxSge;
@@ -250,6 +253,7 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
                                               IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
   a.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
                                               IBV_ODP_SUPPORT_SRQ_RECV;
+  a.xrc_odp_caps = a.odp_caps.per_transport_caps.rc_odp_caps;   // (XRC is RC's transport)
   a.max_dm_size = kMaxDmSize;
   // Packet pacing (IBV_QP_RATE_LIMIT) of RC QPs.
   a.packet_pacing_caps.qp_rate_limit_min = kMinRateLimitKbps;

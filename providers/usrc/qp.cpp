@@ -13,19 +13,23 @@ namespace usrc {
 static rc::QpState to_rc(ibv_qp_state s) { return static_cast<rc::QpState>(s); }
 static_assert(int(rc::QpState::sqe) == IBV_QPS_SQE && int(rc::QpState::err) == IBV_QPS_ERR);
 
-ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
-  if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD) {
-    errno = EOPNOTSUPP;   // XRC is not implemented (README)
-    return nullptr;
-  }
-  Context &c = impl(ibpd->context);
+// A QP of any type: ibpd is null for an XRC target (XRC_RECV), which has
+// its XRC domain instead and no CQs or queues of its own; an XRC
+// initiator (XRC_SEND) has no receive side.
+static ibv_qp *make_qp(ibv_context *ibctx, ibv_pd *ibpd, ibv_qp_init_attr *ia, Xrcd *xrcd) {
+  Context &c = impl(ibctx);
   Srq *srq = ia->srq ? to_srq(ia->srq) : nullptr;
+  const bool ini = ia->qp_type == IBV_QPT_XRC_SEND, tgt = ia->qp_type == IBV_QPT_XRC_RECV;
   // (A parent domain's QP: its PD's protection, the parent domain's
   // allocators.)
   ibv_qp_cap &cap = ia->cap;
-  // (On an SRQ the receive capacities are the SRQ's: ignored.)
-  if (srq) cap.max_recv_wr = cap.max_recv_sge = 0;
-  if (!ia->send_cq || !ia->recv_cq || cap.max_send_wr > rc::kMaxWr ||
+  // (On an SRQ the receive capacities are the SRQ's: ignored. An XRC
+  // initiator receives nothing, a target has no queues at all.)
+  if (srq || ini || tgt) cap.max_recv_wr = cap.max_recv_sge = 0;
+  if (tgt) cap = {};
+  if (ini && !ia->recv_cq) ia->recv_cq = ia->send_cq;   // (never given a receive completion)
+  if (tgt != !ibpd || (tgt && (ia->send_cq || ia->recv_cq || srq)) || ((ini || tgt) && srq) ||
+      (!tgt && (!ia->send_cq || !ia->recv_cq)) || cap.max_send_wr > rc::kMaxWr ||
       cap.max_recv_wr > rc::kMaxWr || cap.max_send_sge > rc::kMaxSge ||
       cap.max_recv_sge > rc::kMaxSge || cap.max_inline_data > rc::kMaxInline ||
       (srq && srq->ctx != &c)) {
@@ -38,16 +42,19 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
     return nullptr;
   }
   // Report what the QP really has (the caller reads it back).
-  cap.max_send_wr = std::max(cap.max_send_wr, 1u);
-  cap.max_recv_wr = srq ? 0 : std::max(cap.max_recv_wr, 1u);
-  cap.max_send_sge = rc::kMaxSge;
-  cap.max_recv_sge = srq ? 0 : rc::kMaxSge;
-  cap.max_inline_data = rc::kMaxInline;
+  if (!tgt) {
+    cap.max_send_wr = std::max(cap.max_send_wr, 1u);
+    cap.max_recv_wr = srq || ini ? 0 : std::max(cap.max_recv_wr, 1u);
+    cap.max_send_sge = rc::kMaxSge;
+    cap.max_recv_sge = srq || ini ? 0 : rc::kMaxSge;
+    cap.max_inline_data = rc::kMaxInline;
+  }
   // The WQE arrays, from the parent domain's allocators if it has them,
   // made (and, if no QP comes of it, freed) outside the engine's lock.
   rc::QpStorage st;
   int e = ENOMEM;
-  if (!no_throw([&] { st = rc::QpStorage(cap.max_send_wr, cap.max_recv_wr, to_pd(ibpd)->buffers()); }, &e)) {
+  if (!no_throw([&] { st = rc::QpStorage(std::max(cap.max_send_wr, 1u), std::max(cap.max_recv_wr, 1u),
+                                         ibpd ? to_pd(ibpd)->buffers() : nullptr); }, &e)) {
     delete qp;
     errno = e;
     return nullptr;
@@ -55,16 +62,18 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   {
     std::lock_guard g(c.engine().mu);
     qp->t = nullptr;
-    if (!no_throw([&] { qp->t = c.engine().create_qp(cap.max_send_wr, cap.max_recv_wr, &st); }, &e) ||
+    if (!no_throw([&] { qp->t = c.engine().create_qp(std::max(cap.max_send_wr, 1u), std::max(cap.max_recv_wr, 1u), &st); }, &e) ||
         !qp->t) {
       delete qp;
       errno = e;
       return nullptr;
     }
     qp->t->user = qp;
-    qp->t->pd = prot_pd(ibpd);
-    qp->t->send_cq = &to_cq(ia->send_cq)->ring;
-    qp->t->recv_cq = &to_cq(ia->recv_cq)->ring;
+    qp->t->pd = ibpd ? prot_pd(ibpd) : nullptr;   // (a target's: the SRQ's, per request)
+    qp->t->send_cq = ia->send_cq ? &to_cq(ia->send_cq)->ring : nullptr;
+    qp->t->recv_cq = ia->recv_cq ? &to_cq(ia->recv_cq)->ring : nullptr;
+    qp->t->xrc = ini ? rc::XrcRole::ini : tgt ? rc::XrcRole::tgt : rc::XrcRole::none;
+    qp->t->xrcd = xrcd ? xrcd->dom : nullptr;
     qp->t->sq_sig_all = ia->sq_sig_all;
     qp->t->type = ia->qp_type == IBV_QPT_UD   ? rc::QpType::ud
                   : ia->qp_type == IBV_QPT_UC ? rc::QpType::uc
@@ -74,7 +83,7 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   qp->ctx = &c;
   qp->init = *ia;
   ibv_qp &q = qp->vqp.qp;
-  q.context = ibpd->context;
+  q.context = ibctx;
   q.qp_context = ia->qp_context;
   q.pd = ibpd;
   q.send_cq = ia->send_cq;
@@ -88,22 +97,43 @@ ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
   pthread_cond_init(&q.cond, nullptr);
   qp->attr.qp_state = qp->attr.cur_qp_state = IBV_QPS_RESET;
   qp->attr.cap = cap;
-  to_pd(ibpd)->users++;
-  to_cq(ia->send_cq)->qps++;
-  to_cq(ia->recv_cq)->qps++;
+  if (xrcd) {
+    qp->vqp.xrcd = &xrcd->vx;
+    qp->vqp.comp_mask |= VERBS_QP_XRCD;
+    xrcd->users++;
+  }
+  if (ibpd) to_pd(ibpd)->users++;
+  if (ia->send_cq) to_cq(ia->send_cq)->qps++;
+  if (ia->recv_cq) to_cq(ia->recv_cq)->qps++;
   if (srq) srq->qps++;
   return &q;
 }
 
-ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
-  // The plain attributes and the extended send API; the other extensions
-  // (create flags other than none, XRC, RSS, TSO, ...) are not implemented.
-  if ((ia->comp_mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
-      ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ia->create_flags)) {
+ibv_qp *create_qp(ibv_pd *ibpd, ibv_qp_init_attr *ia) {
+  if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD &&
+      ia->qp_type != IBV_QPT_XRC_SEND) {
+    errno = ia->qp_type == IBV_QPT_XRC_RECV ? EINVAL : EOPNOTSUPP;   // (a target needs its XRC domain: _ex)
+    return nullptr;
+  }
+  return make_qp(ibpd->context, ibpd, ia, nullptr);
+}
+
+ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *ia) {
+  // The plain attributes, XRC and the extended send API; the other
+  // extensions (create flags other than none, RSS, TSO, ...) are not
+  // implemented.
+  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                              IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if ((ia->comp_mask & ~kKnown) || ((ia->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ia->create_flags) ||
+      (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD &&
+       ia->qp_type != IBV_QPT_XRC_SEND && ia->qp_type != IBV_QPT_XRC_RECV)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  if (!(ia->comp_mask & IBV_QP_INIT_ATTR_PD) || !ia->pd) {
+  // An XRC target: of its XRC domain, no PD.
+  const bool tgt = ia->qp_type == IBV_QPT_XRC_RECV;
+  Xrcd *xrcd = tgt && (ia->comp_mask & IBV_QP_INIT_ATTR_XRCD) && ia->xrcd ? to_xrcd(ia->xrcd) : nullptr;
+  if (tgt ? !xrcd || ia->xrcd->context != ibctx : !(ia->comp_mask & IBV_QP_INIT_ATTR_PD) || !ia->pd) {
     errno = EINVAL;
     return nullptr;
   }
@@ -115,7 +145,7 @@ ibv_qp *create_qp_ex(ibv_context *, ibv_qp_init_attr_ex *ia) {
   a.cap = ia->cap;
   a.qp_type = ia->qp_type;
   a.sq_sig_all = ia->sq_sig_all;
-  ibv_qp *q = create_qp(ia->pd, &a);
+  ibv_qp *q = make_qp(ibctx, tgt ? nullptr : ia->pd, &a, xrcd);
   if (!q) return nullptr;
   ia->cap = a.cap;
   if (ia->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
@@ -136,9 +166,10 @@ int destroy_qp(ibv_qp *ibqp) {
     qp->ctx->engine().destroy_qp(qp->t, &back);
   }
   qp->ctx->kick();   // a lingering QP has a timer
-  to_pd(ibqp->pd)->users--;
-  to_cq(ibqp->send_cq)->qps--;
-  to_cq(ibqp->recv_cq)->qps--;
+  if (ibqp->pd) to_pd(ibqp->pd)->users--;
+  if (ibqp->send_cq) to_cq(ibqp->send_cq)->qps--;
+  if (ibqp->recv_cq) to_cq(ibqp->recv_cq)->qps--;
+  if (qp->vqp.comp_mask & VERBS_QP_XRCD) to_xrcd(&qp->vqp.xrcd->xrcd)->users--;
   if (ibqp->srq) to_srq(ibqp->srq)->qps--;
   delete qp;
   return 0;
@@ -389,6 +420,7 @@ int post_send(ibv_qp *ibqp, ibv_send_wr *wr, ibv_send_wr **bad) {
 // *len: the message's length.
 static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_out) {
   if (qp->t->state <= rc::QpState::rtr) return EINVAL;   // RESET, INIT, RTR
+  if (qp->t->xrc == rc::XrcRole::tgt) return EINVAL;     // an XRC target sends nothing
   // The supported opcodes: those in the WR opcode table (numbered as the
   // verbs number them, see the static_assert below).
   const rc::WrOpcodeInfo *op = rc::wr_opcode_info(static_cast<unsigned>(wr.opcode));
@@ -510,6 +542,7 @@ int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad) {
     w->wr_id = wr->wr_id;
     w->flags = wr->send_flags & (rc::kFence | rc::kSignaled | rc::kSolicited | rc::kInline);
     w->imm_be = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : wr->imm_data;
+    w->xrc_srqn = wr->qp_type.xrc.remote_srqn;   // (an XRC initiator's: the XRCETH)
     w->num_sge = static_cast<uint32_t>(wr->num_sge);
     const bool rd = rc::is_rd_atomic(w->opcode);
     if (rc::wr_info(w->opcode).mask & rc::WR_ATOMIC) {
@@ -564,7 +597,7 @@ bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
     for (; wr; wr = wr->next) {
       // (A QP on an SRQ takes the SRQ's receives: ibv_post_srq_recv.)
       if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(rc::kMaxSge) ||
-          qp->t->state == rc::QpState::reset || qp->vqp.qp.srq) {
+          qp->t->state == rc::QpState::reset || qp->vqp.qp.srq || qp->t->xrc != rc::XrcRole::none) {
         err = EINVAL;
         break;
       }
@@ -589,7 +622,9 @@ bool map_recv_sges(Context &c, const Pd *pd, const ibv_recv_wr &wr, rc::RecvWr *
 // which says why.
 int post_recv(ibv_qp *ibqp, ibv_recv_wr *wr, ibv_recv_wr **bad) {
   Qp *qp = to_qp(ibqp);
-  if (!wr || wr->next || wr->num_sge != 1 || ibqp->srq) return post_recv_list(qp, wr, bad);
+  // (XRC QPs have no receive queue: the general path refuses them.)
+  if (!wr || wr->next || wr->num_sge != 1 || ibqp->srq || qp->t->xrc != rc::XrcRole::none)
+    return post_recv_list(qp, wr, bad);
   Context &c = *qp->ctx;
   const ibv_sge &sge = wr->sg_list[0];
   rc::Engine &e = c.engine();

@@ -1,6 +1,7 @@
-// The RC, UC and UD rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
+// The RC, UC, UD and XRC rows of the IBA's QP state transition table (IBA 11.2.4.2 and the
 // ibv_modify_qp man page): which transitions exist, which attributes each
 // one requires and which it allows. Pure: no side effects.
+#include <array>
 #include <cerrno>
 #include <span>
 
@@ -38,6 +39,30 @@ constexpr Rule kRules[] = {
      IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER | IBV_QP_RATE_LIMIT},
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER},
 };
+
+// XRC (the kernel's table): RC's rows, an initiator's access flags and
+// responder attributes optional (it takes no requests), a target's retry
+// and initiator depth optional (it sends no requests).
+template <size_t N>
+constexpr std::array<Rule, N> relaxed(const Rule (&rc)[N], ibv_qp_state from, ibv_qp_state to, int bits) {
+  std::array<Rule, N> out{};
+  for (size_t i = 0; i < N; i++) {
+    out[i] = rc[i];
+    if (rc[i].from == from && rc[i].to == to) {
+      out[i].required &= ~bits;
+      out[i].optional |= rc[i].required & bits;
+    }
+  }
+  return out;
+}
+constexpr auto kXrcIniRules = [] {
+  auto r = relaxed(kRules, IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_ACCESS_FLAGS);
+  Rule a[std::size(kRules)];
+  for (size_t i = 0; i < r.size(); i++) a[i] = r[i];
+  return relaxed(a, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}();
+constexpr auto kXrcTgtRules =
+    relaxed(kRules, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
 
 // UC: RC's path and PSNs, none of its ACK, retry or READ/ATOMIC attributes.
 constexpr int kUcPath = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
@@ -80,9 +105,11 @@ int check_modify_qp(ibv_qp_type type, ibv_qp_state cur, const ibv_qp_attr &attr,
   // Any state may go to RESET or ERR, with no other attribute.
   if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
     return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? EINVAL : 0;
-  const std::span<const Rule> rules = type == IBV_QPT_UD   ? std::span<const Rule>(kUdRules)
-                                      : type == IBV_QPT_UC ? std::span<const Rule>(kUcRules)
-                                                           : std::span<const Rule>(kRules);
+  const std::span<const Rule> rules = type == IBV_QPT_UD         ? std::span<const Rule>(kUdRules)
+                                      : type == IBV_QPT_UC       ? std::span<const Rule>(kUcRules)
+                                      : type == IBV_QPT_XRC_SEND ? std::span<const Rule>(kXrcIniRules)
+                                      : type == IBV_QPT_XRC_RECV ? std::span<const Rule>(kXrcTgtRules)
+                                                                 : std::span<const Rule>(kRules);
   for (const Rule &r : rules) {
     if (r.from != cur || r.to != to) continue;
     int given = mask & ~IBV_QP_STATE;

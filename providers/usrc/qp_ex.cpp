@@ -186,10 +186,14 @@ void wr_set_ud_addr(ibv_qp_ex *x, ibv_ah *ah, uint32_t remote_qpn, uint32_t remo
   if (Qp::PendingWr *p = current(x)) p->wr.wr.ud = {ah, remote_qpn, remote_qkey};
 }
 
+// An XRC initiator's target SRQ for the WR being built.
+void wr_set_xrc_srqn(ibv_qp_ex *x, uint32_t srqn) {
+  if (Qp::PendingWr *p = current(x)) p->wr.qp_type.xrc.remote_srqn = srqn;
+}
+
 // Builders of operations this provider does not do: the error surfaces at
 // ibv_wr_complete (they are unreachable through send_ops_flags, which
 // create_qp_ex checks, but a slot is never left null).
-void wr_unsupported_rkey(ibv_qp_ex *x, uint32_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_tso(ibv_qp_ex *x, void *, uint16_t, uint16_t) { fail(to_qp(x), EOPNOTSUPP); }
 void wr_unsupported_atomic_write(ibv_qp_ex *x, uint32_t, uint64_t, const void *) {
   fail(to_qp(x), EOPNOTSUPP);
@@ -220,7 +224,7 @@ int init_qp_ex(Qp *qp, uint64_t ops) {
   x.wr_send_inv = at_boundary<wr_send_inv>;
   x.wr_send_tso = at_boundary<wr_unsupported_tso>;
   x.wr_set_ud_addr = at_boundary<wr_set_ud_addr>;
-  x.wr_set_xrc_srqn = at_boundary<wr_unsupported_rkey>;
+  x.wr_set_xrc_srqn = at_boundary<wr_set_xrc_srqn>;
   x.wr_atomic_write = at_boundary<wr_unsupported_atomic_write>;
   qp->vqp.comp_mask |= VERBS_QP_EX;
   return 0;

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "usrc/boundary.h"
+#include "usrc/common/random.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -57,10 +58,11 @@ ibv_srq *create_srq(ibv_pd *ibpd, ibv_srq_init_attr *ia) {
 }
 
 ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
-  // Basic SRQs (XRC and tag-matching ones are not implemented).
-  constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ;
-  if ((ia->comp_mask & ~kKnown) ||
-      ((ia->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && ia->srq_type != IBV_SRQT_BASIC)) {
+  // Basic and XRC SRQs (tag-matching ones are not implemented).
+  constexpr uint32_t kKnown =
+      IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_XRCD;
+  const ibv_srq_type type = (ia->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? ia->srq_type : IBV_SRQT_BASIC;
+  if ((ia->comp_mask & ~kKnown) || (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC)) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
@@ -68,9 +70,42 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
     errno = EINVAL;
     return nullptr;
   }
+  // An XRC SRQ (IBA 10.2.9.2): of an XRC domain, with a CQ of its own for
+  // the receives of every target QP that names it.
+  const bool xrc = type == IBV_SRQT_XRC;
+  if (xrc && (!(ia->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !(ia->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !ia->xrcd ||
+              !ia->cq || ia->xrcd->context != ibctx || ia->cq->context != ibctx)) {
+    errno = EINVAL;
+    return nullptr;
+  }
   ibv_srq_init_attr a{ia->srq_context, ia->attr};
   ibv_srq *s = create_srq(ia->pd, &a);
-  if (s) ia->attr = a.attr;
+  if (!s) return nullptr;
+  ia->attr = a.attr;
+  if (xrc) {
+    Srq *srq = to_srq(s);
+    Xrcd *x = to_xrcd(ia->xrcd);
+    rc::Engine &e = srq->ctx->engine();
+    std::lock_guard g(e.mu);
+    // Its number (the XRCETH's): 24 bits, random, unique in the context.
+    uint32_t n;
+    do n = random_u32() & 0xffffff;
+    while (!n || e.has_xrc_srq(n));
+    int err = ENOMEM;
+    if (!no_throw([&] { e.add_xrc_srq(n, {&srq->q, &to_cq(ia->cq)->ring, prot_pd(ia->pd), x->dom}); }, &err)) {
+      e.remove_srq(&srq->q);
+      to_pd(ia->pd)->users--;
+      delete srq;
+      errno = err;
+      return nullptr;
+    }
+    srq->vsrq.srq_type = IBV_SRQT_XRC;
+    srq->vsrq.xrcd = &x->vx;
+    srq->vsrq.cq = ia->cq;
+    srq->vsrq.srq_num = n;
+    x->users++;
+    to_cq(ia->cq)->qps++;
+  }
   return s;
 }
 
@@ -112,6 +147,11 @@ int destroy_srq(ibv_srq *ibsrq) {
   {
     std::lock_guard g(srq->ctx->engine().mu);
     srq->ctx->engine().remove_srq(&srq->q);
+    if (srq->vsrq.srq_type == IBV_SRQT_XRC) srq->ctx->engine().remove_xrc_srq(srq->vsrq.srq_num);
+  }
+  if (srq->vsrq.srq_type == IBV_SRQT_XRC) {
+    to_xrcd(&srq->vsrq.xrcd->xrcd)->users--;
+    to_cq(srq->vsrq.cq)->qps--;
   }
   to_pd(ibsrq->pd)->users--;
   delete srq;

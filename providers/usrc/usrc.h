@@ -4,6 +4,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "usrc/device.h"
@@ -118,6 +120,20 @@ struct Ah {
 
 // A shared receive queue (srq.cpp): its WQEs are the transport's
 // (rc::RecvQueue), taken by the QPs created on it.
+// An XRC domain (xrc.cpp): shared by the opens of one file in this process.
+struct XrcDomain {
+  std::pair<dev_t, ino_t> inode{};
+  bool shared = false;   // opened on a file (by_inode has it)
+  int opens = 0;
+};
+struct Xrcd {
+  verbs_xrcd vx;               // first: ibv_xrcd* converts to Xrcd*
+  Context *ctx = nullptr;
+  XrcDomain *dom = nullptr;
+  std::atomic<uint32_t> users{0};   // XRC SRQs and target QPs
+};
+inline Xrcd *to_xrcd(ibv_xrcd *x) { return reinterpret_cast<Xrcd *>(x); }
+
 struct Srq {
   verbs_srq vsrq;              // first: ibv_srq* converts to Srq*
   Context *ctx;
@@ -269,7 +285,8 @@ inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
 // The protection domain of a PD or parent domain (what MRs, AHs and QPs
 // are checked against).
-inline Pd *prot_pd(ibv_pd *p) { return to_pd(p)->base; }
+// (None for an XRC target, which has no PD of its own.)
+inline Pd *prot_pd(ibv_pd *p) { return p ? to_pd(p)->base : nullptr; }
 inline Td *to_td(ibv_td *t) { return reinterpret_cast<Td *>(t); }
 inline Mr *to_mr(ibv_mr *m) { return reinterpret_cast<Mr *>(m); }
 inline Srq *to_srq(ibv_srq *s) { return reinterpret_cast<Srq *>(s); }
@@ -342,6 +359,9 @@ int post_recv(ibv_qp *, ibv_recv_wr *, ibv_recv_wr **);
 int check_send_wr(const Qp *qp, const ibv_send_wr &wr);
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 ibv_mw *alloc_mw(ibv_pd *, ibv_mw_type);
+ibv_xrcd *open_xrcd(ibv_context *, ibv_xrcd_init_attr *);
+int close_xrcd(ibv_xrcd *);
+int get_srq_num(ibv_srq *, uint32_t *);
 int dealloc_mw(ibv_mw *);
 int bind_mw(ibv_qp *, ibv_mw *, ibv_mw_bind *);
 // A BIND_MW or LOCAL_INV work request (mw.cpp), under the engine's lock:

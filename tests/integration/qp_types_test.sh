@@ -1,13 +1,14 @@
 #!/bin/bash
 # Stock programs on the QP types and queues beyond a plain RC QP's: shared
 # receive queues (ibv_srq_pingpong, perftest --use-srq), UD QPs
-# (ibv_ud_pingpong, perftest -c UD, qperf ud_*) and UC QPs (ibv_uc_pingpong,
-# perftest -c UC, qperf uc_*), on loopback on both link layers and between
-# two network namespaces joined by a veth pair.
+# (ibv_ud_pingpong, perftest -c UD, qperf ud_*), UC QPs (ibv_uc_pingpong,
+# perftest -c UC, qperf uc_*) and XRC (ibv_xsrq_pingpong, perftest -c XRC),
+# on loopback on both link layers and between two network namespaces joined
+# by a veth pair.
 # Usage: qp_types_test.sh USRC_CLI PROVIDER_SO
 USRC=$1 USRC_PROVIDER=$2
 . "$(dirname "$0")/lib.sh"
-need_tools ibv_srq_pingpong ibv_ud_pingpong ibv_uc_pingpong ib_send_bw qperf
+need_tools ibv_srq_pingpong ibv_ud_pingpong ibv_uc_pingpong ibv_xsrq_pingpong ib_send_bw qperf
 [ "$(id -u)" = 0 ] || { echo "needs root (usrc link add, namespaces)"; exit 77; }
 A=qtA$$ B=qtB$$
 new_root
@@ -38,6 +39,13 @@ run_pair "uc ib -c"                "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_i
 run_pair "uc roce 20000 B -c"      "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_roce -g 0 -c -s 20000 -n 500
 run_pair "ib_send_lat -c UC"       "" "" 127.0.0.1 60 -- ib_send_lat -d qt_ib -c UC -n 2000
 run_pair "ib_write_bw -c UC"       "" "" 127.0.0.1 60 -- ib_write_bw -d qt_ib -c UC -n 2000
+# XRC: one client per server (its clients would share the server host's XRC
+# domain through its file, which usrc keeps per process).
+run_pair "xsrq ib"                 "" "" 127.0.0.1 60 -- ibv_xsrq_pingpong -d qt_ib -n 2000 -s 4096
+run_pair "xsrq roce"               "" "" 127.0.0.1 60 -- ibv_xsrq_pingpong -d qt_roce -g 0 -n 500
+run_pair "ib_send_bw -c XRC"       "" "" 127.0.0.1 60 -- ib_send_bw -d qt_ib -c XRC -n 2000
+run_pair "ib_read_lat -c XRC"      "" "" 127.0.0.1 60 -- ib_read_lat -d qt_roce -x 0 -c XRC -n 2000
+run_pair "ib_atomic_bw -c XRC"     "" "" 127.0.0.1 60 -- ib_atomic_bw -d qt_ib -c XRC -n 2000
 # qperf addresses its peer by LID and waits on completion events.
 port=$(pick_port)
 timeout 120 "$USRC" exec -- qperf -lp $port >/dev/null 2>&1 &
@@ -76,5 +84,7 @@ pair "netns ud roce -c"         60 qrb qra ibv_ud_pingpong -g 0 -c -s 1024 -n 10
 pair "netns ib_send_lat -c UD"  60 qrb qra ib_send_lat -x 0 -c UD -n 2000
 pair "netns uc ib -c"           60 qtb qta ibv_uc_pingpong -c -s 8192 -n 1000
 pair "netns ib_send_lat -c UC"  60 qtb qta ib_send_lat -c UC -n 2000
+pair "netns xsrq ib"            60 qtb qta ibv_xsrq_pingpong -n 1000 -s 8192
+pair "netns ib_write_bw -c XRC" 60 qrb qra ib_write_bw -x 0 -c XRC -n 2000
 "$USRC" stats qta
 echo PASS

@@ -56,6 +56,7 @@ inline wire::Headers sent_headers(std::mt19937 &rng_, uint8_t op) {
   h.imm_be = uint32_t(rng());
   h.ieth = uint32_t(rng());
   h.deth = {uint32_t(rng()), rng() & wire::kMask24};
+  h.xrc_srqn = rng() & wire::kMask24;
   return h;
 }
 
@@ -93,17 +94,22 @@ inline std::vector<BuildCase> every_opcode_every_builder(uint32_t seed = 7) {
       const uint32_t m = info->mask;
       // SEND, WRITE and READ requests and our placed WRITE: what
       // put_request writes (the requester's per-packet path).
-      const bool request_ext_only =
-          (m & wire::IS_REQUEST) && !(m & (wire::HAS_DETH | wire::HAS_ATOMICETH | wire::HAS_IETH));
+      // (SEND with Invalidate passes its R_Key where the immediate data
+      // goes, the XRCETH's SRQ number last.)
+      const bool request_ext_only = (m & wire::IS_REQUEST) && !(m & (wire::HAS_DETH | wire::HAS_ATOMICETH));
       if (request_ext_only) {
         c.built.push_back(run_builder("put_request", info->hdr_len, [&](uint8_t *p) {
           uint8_t *pay = wire::put_request(p, h.bth.opcode, h.bth.se, len, h.bth.dest_qp, h.bth.ack_req,
-                                           h.bth.psn, h.reth.va, h.reth.rkey, h.reth.dma_len, h.imm_be);
+                                           h.bth.psn, h.reth.va, h.reth.rkey, h.reth.dma_len,
+                                           (m & wire::HAS_IETH) ? h.ieth : h.imm_be, h.xrc_srqn);
           wire::bth::set_seg(p, h.bth.seg);   // (as a GSO send sets it)
           if (pay != p + info->hdr_len) std::memset(p, 0, wire::kMaxHdrLen);   // (shows as a mismatch)
         }));
-        // The in-place path: BTH word 0 computed at post time, words 1 and
-        // 2 (with the segment index) at send time.
+      }
+      // The in-place path (RC and UC SENDs and WRITEs without invalidate):
+      // BTH word 0 computed at post time, words 1 and 2 (with the segment
+      // index) at send time.
+      if (request_ext_only && !(m & (wire::HAS_IETH | wire::HAS_XRCETH))) {
         c.built.push_back(run_builder("bth words + put_request_ext", info->hdr_len, [&](uint8_t *p) {
           const uint32_t w0 = wire::bth::word0(h.bth.opcode, h.bth.se, wire::pad_for(len));
           wire::bth::put_words(p, w0, wire::bth::word1(h.bth.dest_qp, h.bth.seg),

@@ -189,6 +189,10 @@ int main() {
     expect(tshark_flag(f("infiniband.bth.se")) == h.bth.se, i, what, "se", f("infiniband.bth.se"));
     want("infiniband.bth.padcnt", wire::pad_for(items[i].payload_len));
     want("infiniband.bth.p_key", 0xffff);
+    // Wireshark 4.0 names the XRC opcodes but does not dissect what
+    // follows their BTH ("Unknown Header Sequence"); our own parser checked
+    // those headers above.
+    if (m & wire::IS_XRC) continue;
     if (m & wire::HAS_RETH) {
       want("infiniband.reth.va", h.reth.va);
       want("infiniband.reth.r_key", h.reth.rkey);

@@ -98,19 +98,24 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
                          (m & HAS_ATOMICETH ? kAtomicEthLen : 0) +
                          (m & HAS_ATOMICACKETH ? kAtomicAckEthLen : 0) +
                          (m & HAS_IMMDT ? kImmDtLen : 0) + (m & HAS_IETH ? kIethLen : 0) +
-                         (m & HAS_DETH ? kDethLen : 0);
+                         (m & HAS_DETH ? kDethLen : 0) + (m & HAS_XRCETH ? kXrcEthLen : 0);
       CHECK(info->hdr_len == len);
       CHECK(info->hdr_len <= kMaxHdrLen);
       // The transport prefix of the name matches the top three bits.
       const std::string name = info->name;
-      CHECK(name.substr(0, op >= 0xc0 ? 5 : 3) ==
-            (op < 0x20 ? "RC_" : op < 0x40 ? "UC_" : op < 0xc0 ? "UD_" : "USRC_"));
+      const bool xrc = op >= 0xa0 && op < 0xc0;
+      CHECK(name.substr(0, op >= 0xc0 ? 5 : xrc ? 4 : 3) ==
+            (op < 0x20 ? "RC_" : op < 0x40 ? "UC_" : op < 0xa0 ? "UD_" : xrc ? "XRC_" : "USRC_"));
       // The transport bit is the top three bits' (none for ours).
-      CHECK((m & (IS_RC | IS_UC | IS_UD)) ==
-            (op < 0x20 ? IS_RC : op < 0x40 ? IS_UC : op < 0xc0 ? IS_UD : 0u));
-      // Only UD has a DETH; only RC has responses, READ, atomics, invalidate.
-      CHECK(bool(m & HAS_DETH) == (op >= 0x60 && op < 0xc0));
-      if (op >= 0x20) CHECK(!(m & (IS_RESPONSE | IS_READ | IS_ATOMIC | HAS_IETH)));
+      CHECK((m & (IS_RC | IS_UC | IS_UD | IS_XRC)) ==
+            (op < 0x20 ? IS_RC : op < 0x40 ? IS_UC : op < 0xa0 ? IS_UD : xrc ? IS_XRC : 0u));
+      // Only UD has a DETH, only XRC requests the XRCETH; only RC and XRC
+      // have responses, READ, atomics, invalidate, and an XRC opcode is
+      // its RC one with the XRCETH on requests.
+      CHECK(bool(m & HAS_DETH) == (op >= 0x60 && op < 0xa0));
+      CHECK(bool(m & HAS_XRCETH) == (xrc && (m & IS_REQUEST)));
+      if (op >= 0x20 && !xrc) CHECK(!(m & (IS_RESPONSE | IS_READ | IS_ATOMIC | HAS_IETH)));
+      if (xrc) CHECK((m & ~(IS_XRC | HAS_XRCETH)) == (opcode_info(uint8_t(op - 0xa0))->mask & ~IS_RC));
       // A receive WQE is consumed by the packet that completes a SEND or a
       // WRITE with immediate; never by READ or atomics.
       CHECK(bool(m & CONSUMES_RWQE) ==
@@ -121,6 +126,7 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
   want.insert({0x16, 0x17});
   for (int op = 0x20; op <= 0x2b; op++) want.insert(op);
   want.insert({0x64, 0x65});
+  for (int op : std::set<int>(want)) if (op < 0x20) want.insert(op + 0xa0);   // XRC: RC's
   want.insert(0xc0);   // ours (manufacturer-specific): a placed RDMA WRITE
   CHECK(valid == want);
 
@@ -248,10 +254,15 @@ TEST_CASE("every header builder writes what build_headers writes, for every opco
     if (v.has(HAS_ATOMICACKETH)) CHECK(v.atomic_orig() == c.h.atomic_ack);
     if (v.has(HAS_DETH)) CHECK((v.qkey() == c.h.deth.qkey && v.src_qp() == c.h.deth.src_qp));
     if (v.has(HAS_IETH)) CHECK(v.ieth_rkey() == c.h.ieth);
+    if (v.has(HAS_XRCETH)) CHECK(v.xrc_srqn() == c.h.xrc_srqn);
   }
-  CHECK(cases.size() == 38 + 3);   // every opcode, the ACK four ways
+  CHECK(cases.size() == 38 + 23 + 3);   // every opcode (RC, UC, UD, ours; XRC), the ACK four ways
   CHECK(builders == std::set<std::string>{"build_headers", "put_request", "bth words + put_request_ext", "put_ack"});
-  CHECK(compared == 41 + 2 * (24 + 1 + 1) + 4);   // SENDs and WRITEs (RC, UC), READ request, ours; ACKs
+  // build_headers for each; put_request for the SENDs, WRITEs, READ
+  // requests and SENDs with invalidate of RC and XRC, UC's and ours; the
+  // in-place builder for RC's and UC's SENDs and WRITEs, RC's READ request
+  // and ours; put_ack.
+  CHECK(compared == 64 + (15 + 12 + 15 + 1) + (13 + 12 + 1) + 4);
 }
 
 TEST_CASE("a work request's packets come from the WR opcode table", "[wire]") {

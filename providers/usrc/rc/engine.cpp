@@ -172,7 +172,7 @@ void Engine::set_state(Qp &qp, QpState s) {
   // that closes since makes tx_begin() fail, and the packets go the usual
   // way.)
   if (s == QpState::rtr || s == QpState::rts)
-    qp.local.in_place = qp.type == QpType::rc && qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
+    qp.local.in_place = qp.type == QpType::rc && qp.xrc == XrcRole::none && qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
   switch (s) {
     case QpState::reset:
       for (Cq *cq : {qp.send_cq, qp.recv_cq})
@@ -343,6 +343,23 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   check_faults();
 }
 
+// An XRC target's request names the SRQ its message is for (the XRCETH):
+// one of the target's XRC domain, whose receive WQEs, CQ and PD serve it.
+// Any other is an invalid request (IBA 9.7.5.2.2: a NAK for the expected
+// PSN; dropped otherwise).
+bool Engine::xrc_target(Qp &qp, const PacketView &v) {
+  auto it = xrc_srqs_.find(v.p.h.xrc_srqn);
+  if (it == xrc_srqs_.end() || it->second.xrcd != qp.xrcd) {
+    if (v.psn() == qp.resp.epsn) respond_error(qp, RespErr::inv_req, v.psn());
+    else count(Counter::unknown_qp_drops);
+    return false;
+  }
+  qp.rq = it->second.q;
+  qp.recv_cq = it->second.cq;
+  qp.pd = it->second.pd;
+  return true;
+}
+
 void Engine::post_local(Qp &qp) {
   SendWqe &w = qp.sq.back();
   w.length = 0;
@@ -373,7 +390,8 @@ void Engine::post_local(Qp &qp) {
 // here): a stream of WRITEs goes faster through the ring, where the copy
 // out runs on the receiver's core while the sender copies the next one in.
 bool Engine::place(Qp &qp, const SendWr &wr, uint64_t len) {
-  if (wr.opcode != WrOpcode::rdma_write || qp.type != QpType::rc || len > tun_.direct_write || !qp.local.same_host ||
+  if (wr.opcode != WrOpcode::rdma_write || qp.type != QpType::rc || qp.xrc != XrcRole::none ||
+      len > tun_.direct_write || !qp.local.same_host ||
       qp.state != QpState::rts || qp.attr.rate_bps || qp.local.placed >= kPlacedSlack ||
       qp.sq.tail - qp.sq.head != qp.local.placed || qp.req.tx_psn != qp.req.next_psn ||
       qp.local.polls_at_post == polls.load(std::memory_order_relaxed))
@@ -604,10 +622,10 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
       return;
     }
   }
-  // RC, UC and UD opcodes only (IBA 9.2.1: transport 000b, 001b, 011b), and
-  // our placed-WRITE notice from this host's shared memory.
+  // RC, UC, UD and XRC opcodes only (IBA 9.2.1: transport 000b, 001b, 011b,
+  // 101b), and our placed-WRITE notice from this host's shared memory.
   const uint32_t mask = v.p.info->mask;
-  if (!(mask & (wire::IS_RC | wire::IS_UC | wire::IS_UD)) &&
+  if (!(mask & (wire::IS_RC | wire::IS_UC | wire::IS_UD | wire::IS_XRC)) &&
       !(v.opcode() == uint8_t(wire::Opcode::USRC_WRITE_PLACED) && pkt.trusted)) {
     count(Counter::malformed_drops);
     return;
@@ -615,7 +633,9 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   Qp *qp = find_qp(v.p.h.bth.dest_qp);
   // (A packet of another service than the QP's is for no QP here.)
   const QpType service = (mask & wire::IS_UD) ? QpType::ud : (mask & wire::IS_UC) ? QpType::uc : QpType::rc;
-  if (!qp || service != qp->type) {
+  // (XRC: requests for targets, responses for initiators; RC's for neither.)
+  const XrcRole role = !(mask & wire::IS_XRC) ? XrcRole::none : (mask & wire::IS_REQUEST) ? XrcRole::tgt : XrcRole::ini;
+  if (!qp || service != qp->type || role != qp->xrc) {
     count(Counter::unknown_qp_drops);
     return;
   }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "usrc/common/guard.h"
@@ -78,6 +79,10 @@ class Engine {
   // True while destroyed QPs still linger (see Qp::linger_until).
   bool lingering() const { return lingering_ != 0; }
   Qp *find_qp(uint32_t qpn);
+  // XRC SRQs by number (XrcSrq), for the targets' requests.
+  void add_xrc_srq(uint32_t srqn, const XrcSrq &s) { xrc_srqs_[srqn] = s; }
+  void remove_xrc_srq(uint32_t srqn) { xrc_srqs_.erase(srqn); }
+  bool has_xrc_srq(uint32_t srqn) const { return xrc_srqs_.contains(srqn); }
   // The one source check of every packet a QP takes, on every receive path
   // (handle_packet, fast_ack, fast_sends): from the peer's address and its
   // UDP port (base port + the slot of its QPN), or, where the QP's path
@@ -304,6 +309,7 @@ class Engine {
     RespErr err = RespErr::inv_req;
   };
   void responder_rx(Qp &qp, const struct PacketView &p);
+  bool xrc_target(Qp &qp, const PacketView &v);
   RespStep check_psn(Qp &qp, Request &r);
   RespStep duplicate(Qp &qp, Request &r);
   RespStep out_of_sequence(Qp &qp, Request &r);
@@ -478,6 +484,7 @@ class Engine {
   EngineHooks *hooks_;
   std::vector<RecvQueue *> srqs_;
   std::vector<Qp *> qps_;          // by QPN index
+  std::unordered_map<uint32_t, XrcSrq> xrc_srqs_;
   // QPN indices are handed out along a walk of all 4096 from a random start
   // with a random odd stride: unpredictable to another process, and a
   // destroyed QP's QPN comes back only after the other 4095 (its stale

@@ -260,12 +260,29 @@ struct LocalPath {
 // the WR's address and takes datagrams from anyone that has the QP's Q_Key.
 enum class QpType : uint8_t { rc, uc, ud };
 
+// XRC (IBA 9.8.2.5, 11.5): an initiator (XRC_SEND) is RC's requester and
+// completer whose requests carry the XRCETH, the target's SRQ that each WR
+// names; a target (XRC_RECV) is RC's responder with no queues of its own:
+// each request names an SRQ of its XRC domain (Engine::xrc_target), whose
+// receive WQEs, CQ and PD it then uses.
+enum class XrcRole : uint8_t { none, ini, tgt };
+
+// An XRC SRQ as targets find it by its number (Engine::add_xrc_srq).
+struct XrcSrq {
+  struct RecvQueue *q = nullptr;
+  Cq *cq = nullptr;
+  const void *pd = nullptr;
+  const void *xrcd = nullptr;   // its XRC domain
+};
+
 struct Qp {
   Qp() = default;
   Qp(const Qp &) = delete;     // (rq may point into it)
   Qp &operator=(const Qp &) = delete;
   uint32_t qpn = 0;
   QpType type = QpType::rc;
+  XrcRole xrc = XrcRole::none;
+  const void *xrcd = nullptr;  // a target's XRC domain
   QpState state = QpState::reset;
   bool sq_sig_all = false;
   Cq *send_cq = nullptr, *recv_cq = nullptr;

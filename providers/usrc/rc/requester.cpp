@@ -14,9 +14,11 @@ namespace usrc::rc {
 using wire::Opcode;
 
 // The BTH opcode of packet k of w's message (the WR opcode table's, an RC
-// one; UC's SENDs and WRITEs are the same at 0x20 on, IBA 9.2.1).
+// one; UC's SENDs and WRITEs are the same at 0x20 on, XRC's all at 0xa0
+// on, IBA 9.2.1).
 [[gnu::always_inline]] inline static uint8_t request_opcode(const Qp &qp, const SendWqe &w, uint32_t k) {
-  return request_opcode(wr_info(w.wr.opcode), k, w.npkts) | (qp.type == QpType::uc ? 0x20 : 0);
+  return request_opcode(wr_info(w.wr.opcode), k, w.npkts) | (qp.type == QpType::uc ? 0x20 : 0) |
+         (qp.xrc == XrcRole::ini ? wire::kXrcOpcodeBase : 0);
 }
 
 // Transmits what the window allows: new packets and, after go_back_n(),
@@ -281,6 +283,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
       // the bytes of PSNs [psn, next).
       uint32_t end = std::min<uint64_t>(uint64_t(psn_diff(next, w.first_psn)) * qp.attr.pmtu, w.length);
       h.reth = {w.wr.remote_va + off, w.wr.rkey, end - std::min(off, end)};
+      h.xrc_srqn = w.wr.xrc_srqn;
       h.atomic = {w.wr.remote_va, w.wr.rkey,
                   w.wr.opcode == WrOpcode::atomic_cmp_swp ? w.wr.swap : w.wr.compare_add,
                   w.wr.compare_add};
@@ -299,7 +302,7 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
   uint8_t *p = wire::put_request(s.hdr, request_opcode(qp, w, k), last && (w.wr.flags & kSolicited), len,
                                  qp.attr.dest_qpn,
                                  qp.type == QpType::rc && (ack_req || last || (every && (psn % every) == 0)), psn,
-                                 w.wr.remote_va, w.wr.rkey, w.length, w.wr.imm_be);
+                                 w.wr.remote_va, w.wr.rkey, w.length, w.wr.imm_be, w.wr.xrc_srqn);
   const size_t hl = static_cast<size_t>(p - s.hdr);
   if (len <= kTxCopy && k == 0 && w.wr.num_sge == 1) {
     // A small message in one buffer: copied behind the headers here (its

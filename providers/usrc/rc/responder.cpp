@@ -40,7 +40,7 @@ bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // syndrome and our MSN.
 static wire::Headers response_headers(const Qp &qp, uint8_t op, uint32_t psn, uint8_t syndrome) {
   wire::Headers h;
-  h.bth.opcode = op;
+  h.bth.opcode = op + (qp.xrc == XrcRole::tgt ? wire::kXrcOpcodeBase : 0);   // (an XRC target's: XRC ones)
   h.bth.pkey = 0xffff;
   h.bth.dest_qp = qp.attr.dest_qpn;
   h.bth.psn = psn;
@@ -280,6 +280,7 @@ void Engine::drop_held(Qp &qp) {
 // rxe_responder(): each check or action returns the next one; every NAK
 // goes through respond_error, every ACK through schedule_ack.
 void Engine::responder_rx(Qp &qp, const PacketView &v) {
+  if (qp.xrc == XrcRole::tgt && !xrc_target(qp, v)) return;
   const uint32_t mask = v.p.info->mask;
   Request r{v,
             v.psn(),
@@ -550,7 +551,7 @@ void Engine::atomic_request(Qp &qp, const PacketView &v, bool duplicate) {
                    ? mem_->resolve(qp.pd, qp.qpn, a.rkey, a.va, 8, kAccessRemoteAtomic) : nullptr;
   auto *word = reinterpret_cast<uint64_t *>(p);
   uint64_t orig = 0;
-  const bool cas = v.opcode() == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP);
+  const bool cas = (v.opcode() & 0x1f) == static_cast<uint8_t>(Opcode::RC_COMPARE_SWAP);   // (RC or XRC)
   if (!p || !guard::run([&] {   // (its page unmapped: an access error)
         if (cas) {
           orig = a.compare;

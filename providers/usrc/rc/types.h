@@ -96,6 +96,7 @@ struct SendWr {
   uint32_t rkey = 0;
   uint64_t compare_add = 0;       // atomics: compare (CMP_SWP) or add (FETCH_ADD)
   uint64_t swap = 0;
+  uint32_t xrc_srqn = 0;          // XRC: the target's SRQ (the XRCETH)
   uint32_t num_sge = 0;
   Sge sge[kMaxSge];               // validated by the glue (lkey, bounds, access)
 };

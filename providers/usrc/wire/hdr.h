@@ -15,7 +15,8 @@ namespace usrc::wire {
 
 constexpr uint16_t kRoceV2Port = 4791;
 constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28,
-                 kAtomicAckEthLen = 8, kImmDtLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
+                 kAtomicAckEthLen = 8, kImmDtLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4,
+                 kXrcEthLen = 4;
 constexpr size_t kMaxHdrLen = 64;
 constexpr size_t kMinPacketLen = kBthLen + kIcrcLen;   // the shortest a packet can be
 constexpr uint32_t kMask24 = 0xffffff;   // QPNs, PSNs, MSNs: 24 bits on the wire
@@ -170,6 +171,13 @@ inline void put(uint8_t *d, uint32_t qkey, uint32_t src_qp) {
   be::put32(d + 4, src_qp & kMask24);
 }
 }  // namespace deth
+
+// XRC extended transport header (IBA 9.3.? XRCETH): resv(8) XRCSRQ(24), the
+// SRQ of the target's XRC domain that a request's message is for.
+namespace xrceth {
+inline uint32_t srqn(const uint8_t *x) { return be::get32(x) & kMask24; }
+inline void put(uint8_t *x, uint32_t srqn) { be::put32(x, srqn & kMask24); }
+}  // namespace xrceth
 
 // The ICRC (IBA 9.8.2.1, annex A17), the packet's last 4 bytes, stored
 // little-endian (icrc.h computes it); 0 from a sender on this host.

@@ -14,7 +14,8 @@
 
 namespace usrc::wire {
 
-// IBA 9.2.1 table 38 (RC 000b, UC 001b, UD 011b in the top three bits).
+// IBA 9.2.1 table 38 (RC 000b, UC 001b, UD 011b, XRC 101b in the top three
+// bits; an XRC opcode is its RC one with 0xa0 added).
 enum class Opcode : uint8_t {
   RC_SEND_FIRST = 0x00, RC_SEND_MIDDLE = 0x01, RC_SEND_LAST = 0x02, RC_SEND_LAST_IMM = 0x03,
   RC_SEND_ONLY = 0x04, RC_SEND_ONLY_IMM = 0x05, RC_WRITE_FIRST = 0x06, RC_WRITE_MIDDLE = 0x07,
@@ -28,6 +29,7 @@ enum class Opcode : uint8_t {
   UC_WRITE_LAST = 0x28, UC_WRITE_LAST_IMM = 0x29, UC_WRITE_ONLY = 0x2a,
   UC_WRITE_ONLY_IMM = 0x2b,
   UD_SEND_ONLY = 0x64, UD_SEND_ONLY_IMM = 0x65,
+  XRC_SEND_ONLY = 0xa4, XRC_ACKNOWLEDGE = 0xb1,
   // Manufacturer-specific opcode (IBA table 38, 110xxxxxb), ours: an RDMA
   // WRITE whose data the requester has already placed in the responder's
   // memory (same-host direct placement): BTH + RETH, no payload. The
@@ -53,12 +55,15 @@ enum HdrMask : uint32_t {
   CONSUMES_RWQE = 1u << 17,   // the responder takes a receive WQE (SEND, WRITE with immediate)
   // The transport service of the opcode (its top three bits, IBA 9.2.1);
   // USRC_WRITE_PLACED has none of them.
-  IS_RC = 1u << 19, IS_UC = 1u << 20, IS_UD = 1u << 21,
+  IS_RC = 1u << 19, IS_UC = 1u << 20, IS_UD = 1u << 21, IS_XRC = 1u << 22,
+  HAS_XRCETH = 1u << 23,   // an XRC request: the target's SRQ number
 };
+constexpr uint8_t kXrcOpcodeBase = 0xa0;   // XRC opcode = RC opcode + this
 
-// The headers of a packet, in wire order (IBA 9.2: BTH, then DETH, RETH,
-// AtomicETH, AETH, AtomicAckETH, ImmDt, IETH), and the payload after them.
-enum Hdr : uint8_t { BTH, DETH, RETH, ATOMICETH, AETH, ATOMICACKETH, IMMDT, IETH, PAYLOAD, kNumHdr };
+// The headers of a packet, in wire order (IBA 9.2: BTH, then DETH, XRCETH,
+// RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH), and the payload after
+// them.
+enum Hdr : uint8_t { BTH, DETH, XRCETH, RETH, ATOMICETH, AETH, ATOMICACKETH, IMMDT, IETH, PAYLOAD, kNumHdr };
 
 struct OpcodeInfo {
   const char *name;   // as IBA table 38 names it, e.g. "RC_RDMA_WRITE_FIRST"
@@ -72,9 +77,9 @@ struct OpcodeInfo {
 
 namespace detail {
 
-constexpr uint32_t kHas[kNumHdr] = {0,         HAS_DETH,  HAS_RETH,  HAS_ATOMICETH, HAS_AETH,
+constexpr uint32_t kHas[kNumHdr] = {0,         HAS_DETH,  HAS_XRCETH, HAS_RETH,  HAS_ATOMICETH, HAS_AETH,
                                     HAS_ATOMICACKETH, HAS_IMMDT, HAS_IETH, 0};
-constexpr size_t kLen[kNumHdr] = {kBthLen,   kDethLen,  kRethLen, kAtomicEthLen, kAethLen,
+constexpr size_t kLen[kNumHdr] = {kBthLen,   kDethLen,  kXrcEthLen, kRethLen, kAtomicEthLen, kAethLen,
                                   kAtomicAckEthLen, kImmDtLen, kIethLen, 0};
 
 constexpr OpcodeInfo make_info(const char *name, uint32_t mask) {
@@ -113,26 +118,31 @@ constexpr Row kRows[] = {
   {base + 0x0a, P "RDMA_WRITE_ONLY", kReq | kPay | IS_WRITE | kO | HAS_RETH | extra},          \
   {base + 0x0b, P "RDMA_WRITE_ONLY_WITH_IMMEDIATE",                                            \
    kReq | kPay | IS_WRITE | kO | HAS_RETH | HAS_IMMDT | CONSUMES_RWQE | extra}
-    USRC_SENDS(0x00, "RC_", IS_RC),
-    {0x0c, "RC_RDMA_READ_REQUEST", IS_RC | kReq | IS_READ | kO | HAS_RETH},
-    {0x0d, "RC_RDMA_READ_RESPONSE_FIRST", IS_RC | kResp | kPay | IS_READ | kF | HAS_AETH},
-    {0x0e, "RC_RDMA_READ_RESPONSE_MIDDLE", IS_RC | kResp | kPay | IS_READ | kM},
-    {0x0f, "RC_RDMA_READ_RESPONSE_LAST", IS_RC | kResp | kPay | IS_READ | kL | HAS_AETH},
-    {0x10, "RC_RDMA_READ_RESPONSE_ONLY", IS_RC | kResp | kPay | IS_READ | kO | HAS_AETH},
-    {0x11, "RC_ACKNOWLEDGE", IS_RC | kResp | kO | HAS_AETH},
-    {0x12, "RC_ATOMIC_ACKNOWLEDGE", IS_RC | kResp | kO | IS_ATOMIC | HAS_AETH | HAS_ATOMICACKETH},
-    {0x13, "RC_CMP_SWAP", IS_RC | kReq | kO | IS_ATOMIC | HAS_ATOMICETH},
-    {0x14, "RC_FETCH_ADD", IS_RC | kReq | kO | IS_ATOMIC | HAS_ATOMICETH},
-    {0x16, "RC_SEND_LAST_WITH_INVALIDATE",
-     IS_RC | kReq | kPay | IS_SEND | kL | HAS_IETH | CONSUMES_RWQE},
-    {0x17, "RC_SEND_ONLY_WITH_INVALIDATE",
-     IS_RC | kReq | kPay | IS_SEND | kO | HAS_IETH | CONSUMES_RWQE},
+#define USRC_RELIABLE(base, P, T, X)                                                           \
+    USRC_SENDS(base, P, T | X),                                                                \
+    {base + 0x0c, P "RDMA_READ_REQUEST", T | X | kReq | IS_READ | kO | HAS_RETH},               \
+    {base + 0x0d, P "RDMA_READ_RESPONSE_FIRST", T | kResp | kPay | IS_READ | kF | HAS_AETH},   \
+    {base + 0x0e, P "RDMA_READ_RESPONSE_MIDDLE", T | kResp | kPay | IS_READ | kM},             \
+    {base + 0x0f, P "RDMA_READ_RESPONSE_LAST", T | kResp | kPay | IS_READ | kL | HAS_AETH},    \
+    {base + 0x10, P "RDMA_READ_RESPONSE_ONLY", T | kResp | kPay | IS_READ | kO | HAS_AETH},    \
+    {base + 0x11, P "ACKNOWLEDGE", T | kResp | kO | HAS_AETH},                                 \
+    {base + 0x12, P "ATOMIC_ACKNOWLEDGE", T | kResp | kO | IS_ATOMIC | HAS_AETH | HAS_ATOMICACKETH}, \
+    {base + 0x13, P "CMP_SWAP", T | X | kReq | kO | IS_ATOMIC | HAS_ATOMICETH},                 \
+    {base + 0x14, P "FETCH_ADD", T | X | kReq | kO | IS_ATOMIC | HAS_ATOMICETH},                \
+    {base + 0x16, P "SEND_LAST_WITH_INVALIDATE",                                               \
+     T | X | kReq | kPay | IS_SEND | kL | HAS_IETH | CONSUMES_RWQE},                           \
+    {base + 0x17, P "SEND_ONLY_WITH_INVALIDATE",                                               \
+     T | X | kReq | kPay | IS_SEND | kO | HAS_IETH | CONSUMES_RWQE}
+    // XRC: RC's rows, each request with the XRCETH (IBA 9.2.1, 9.3).
+    USRC_RELIABLE(0x00, "RC_", IS_RC, 0u),
+    USRC_RELIABLE(0xa0, "XRC_", IS_XRC, HAS_XRCETH),
     USRC_SENDS(0x20, "UC_", IS_UC),
     {0x64, "UD_SEND_ONLY", IS_UD | kReq | kPay | IS_SEND | kO | HAS_DETH | CONSUMES_RWQE},
     {0x65, "UD_SEND_ONLY_WITH_IMMEDIATE",
      IS_UD | kReq | kPay | IS_SEND | kO | HAS_DETH | HAS_IMMDT | CONSUMES_RWQE},
     // Manufacturer-specific (110b): an RDMA WRITE already placed.
     {0xc0, "USRC_RDMA_WRITE_PLACED", kReq | IS_WRITE | kO | HAS_RETH},
+#undef USRC_RELIABLE
 #undef USRC_SENDS
 };
 
@@ -149,11 +159,20 @@ constexpr bool rows_ok() {
   for (const Row &r : kRows) {
     const uint32_t dir = r.mask & (IS_REQUEST | IS_RESPONSE);
     const uint32_t pos = r.mask & (IS_FIRST | IS_MIDDLE | IS_LAST | IS_ONLY);
-    const uint32_t tr = r.mask & (IS_RC | IS_UC | IS_UD);
+    const uint32_t tr = r.mask & (IS_RC | IS_UC | IS_UD | IS_XRC);
     if (dir != IS_REQUEST && dir != IS_RESPONSE) return false;
     if (pos != kF && pos != kM && pos != kL && pos != kO) return false;
-    if (tr != ((r.op >> 5) == 0 ? IS_RC : (r.op >> 5) == 1 ? IS_UC : (r.op >> 5) == 3 ? IS_UD : 0u))
+    if (tr != ((r.op >> 5) == 0 ? IS_RC : (r.op >> 5) == 1 ? IS_UC : (r.op >> 5) == 3 ? IS_UD
+               : (r.op >> 5) == 5 ? IS_XRC : 0u))
       return false;
+    // An XRC row is its RC row with the XRCETH on requests.
+    if (tr == IS_XRC) {
+      const Row *rc = nullptr;
+      for (const Row &q : kRows)
+        if (q.op == r.op - kXrcOpcodeBase) rc = &q;
+      const uint32_t x = (r.mask & IS_REQUEST) ? HAS_XRCETH : 0u;
+      if (!rc || r.mask != ((rc->mask & ~IS_RC) | IS_XRC | x)) return false;
+    }
     const OpcodeInfo i = make_info(r.name, r.mask);
     if (i.hdr_len > kMaxHdrLen) return false;
     size_t at = kBthLen;
@@ -167,7 +186,7 @@ constexpr bool rows_ok() {
   return true;
 }
 static_assert(rows_ok());
-static_assert(sizeof kRows / sizeof kRows[0] == 23 + 12 + 2 + 1, "RC, UC, UD, ours");
+static_assert(sizeof kRows / sizeof kRows[0] == 23 + 23 + 12 + 2 + 1, "RC, XRC, UC, UD, ours");
 
 }  // namespace detail
 
@@ -198,6 +217,8 @@ static_assert(info_of(Opcode::RC_SEND_ONLY_INV).offset[IETH] == 12);
 static_assert(info_of(Opcode::UD_SEND_ONLY_IMM).offset[DETH] == 12 &&
               info_of(Opcode::UD_SEND_ONLY_IMM).offset[IMMDT] == 20 &&
               info_of(Opcode::UD_SEND_ONLY_IMM).hdr_len == 24);
+static_assert(info_of(Opcode::XRC_SEND_ONLY).offset[XRCETH] == 12 && info_of(Opcode::XRC_SEND_ONLY).hdr_len == 16 &&
+              info_of(Opcode(0xaa)).offset[RETH] == 16 && info_of(Opcode::XRC_ACKNOWLEDGE).hdr_len == 16);
 static_assert(info_of(Opcode::USRC_WRITE_PLACED).offset[RETH] == 12 &&
               info_of(Opcode::USRC_WRITE_PLACED).hdr_len == 28);
 
@@ -245,6 +266,7 @@ struct Hdrs {
   uint64_t atomic_orig() const { return atomicacketh::orig(at(ATOMICACKETH)); }
   uint32_t imm_be() const { return immdt::get_be(at(IMMDT)); }
   uint32_t ieth_rkey() const { return ieth::rkey(at(IETH)); }
+  uint32_t xrc_srqn() const { return xrceth::srqn(at(XRCETH)); }
   uint32_t qkey() const { return deth::qkey(at(DETH)); }
   uint32_t src_qp() const { return deth::src_qp(at(DETH)); }
 };

@@ -30,6 +30,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
   if (o.has(HAS_ATOMICACKETH)) atomicacketh::put(o.at(ATOMICACKETH), h.atomic_ack);
   if (o.has(HAS_IMMDT)) immdt::put_be(o.at(IMMDT), h.imm_be);
   if (o.has(HAS_IETH)) ieth::put(o.at(IETH), h.ieth);
+  if (o.has(HAS_XRCETH)) xrceth::put(o.at(XRCETH), h.xrc_srqn);
   return info->hdr_len;
 }
 
@@ -58,6 +59,7 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   h.atomic_ack = (m & HAS_ATOMICACKETH) ? v.atomic_orig() : 0;
   h.imm_be = (m & HAS_IMMDT) ? v.imm_be() : 0;
   h.ieth = (m & HAS_IETH) ? v.ieth_rkey() : 0;
+  h.xrc_srqn = (m & HAS_XRCETH) ? v.xrc_srqn() : 0;
   size_t body = len - info->hdr_len - kIcrcLen;   // payload + pad
   if (!(m & HAS_PAYLOAD)) {
     // ACKs, READ requests and atomics carry no payload and no pad.

@@ -68,6 +68,7 @@ struct Headers {
   uint64_t atomic_ack = 0;
   uint32_t imm_be = 0;
   uint32_t ieth = 0;
+  uint32_t xrc_srqn = 0;   // XRCETH
   Deth deth;
 };
 
@@ -117,8 +118,10 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 // to invalidate, passed in host order as imm_be), as the opcode's row has
 // them (others are not written). Returns where the payload goes.
 [[gnu::always_inline]] inline uint8_t *put_request_ext(uint8_t *b, const OpcodeInfo &info, uint64_t va,
-                                                       uint32_t rkey, uint32_t dma_len, uint32_t imm_be) {
+                                                       uint32_t rkey, uint32_t dma_len, uint32_t imm_be,
+                                                       uint32_t xrc_srqn = 0) {
   const HdrOut o{b, &info};
+  if (o.has(HAS_XRCETH)) xrceth::put(o.at(XRCETH), xrc_srqn);
   if (o.has(HAS_RETH)) reth::put(o.at(RETH), va, rkey, dma_len);
   if (o.has(HAS_IMMDT)) immdt::put_be(o.at(IMMDT), imm_be);
   if (o.has(HAS_IETH)) ieth::put(o.at(IETH), imm_be);
@@ -145,7 +148,7 @@ namespace detail {
 constexpr bool send_write_ext_ok() {
   for (const OpcodeInfo &i : kOpcodeTable) {
     if (!i.name || !(i.mask & IS_REQUEST) || !(i.mask & (IS_SEND | IS_WRITE))) continue;
-    if (i.mask & (HAS_DETH | HAS_IETH)) continue;   // (not built this way)
+    if (i.mask & (HAS_DETH | HAS_IETH | HAS_XRCETH)) continue;   // (not built this way)
     const size_t reth = i.mask & HAS_RETH ? kRethLen : 0, imm = i.mask & HAS_IMMDT ? kImmDtLen : 0;
     if ((reth && i.offset[RETH] != kBthLen) || (imm && i.offset[IMMDT] != kBthLen + reth) ||
         i.hdr_len != kBthLen + reth + imm)
@@ -159,9 +162,10 @@ static_assert(send_write_ext_ok());
 // bytes) and put_request_ext()'s. Returns where the payload goes.
 [[gnu::always_inline]] inline uint8_t *put_request(uint8_t *b, uint8_t opcode, bool se, size_t payload_len,
                                                    uint32_t dest_qp, bool ack_req, uint32_t psn, uint64_t va,
-                                                   uint32_t rkey, uint32_t dma_len, uint32_t imm_be) {
+                                                   uint32_t rkey, uint32_t dma_len, uint32_t imm_be,
+                                                   uint32_t xrc_srqn = 0) {
   bth::put(b, opcode, se, pad_for(payload_len), dest_qp, ack_req, psn);
-  return put_request_ext(b, kOpcodeTable[opcode], va, rkey, dma_len, imm_be);
+  return put_request_ext(b, kOpcodeTable[opcode], va, rkey, dma_len, imm_be, xrc_srqn);
 }
 // An ACKNOWLEDGE (ACK or NAK, the AETH's syndrome says): BTH and AETH.
 // Returns the header length.

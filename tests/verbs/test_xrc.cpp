@@ -1,0 +1,235 @@
+// XRC: domains opened on a file, XRC SRQs, initiator (XRC_SEND) and target
+// (XRC_RECV) QPs; each WR of an initiator names the target's SRQ that takes
+// it, and the SRQ's CQ and PD serve it.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "verbs_util.h"
+
+using namespace verbs_test;
+
+namespace {
+
+// A temporary file whose inode names an XRC domain.
+struct TempFile {
+  char path[32] = "/tmp/usrc-xrcd.XXXXXX";
+  int fd = mkstemp(path);
+  ~TempFile() {
+    close(fd);
+    unlink(path);
+  }
+};
+
+ibv_xrcd *open_xrcd(Dev &d, int fd, int oflags) {
+  ibv_xrcd_init_attr a{};
+  a.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  a.fd = fd;
+  a.oflags = oflags;
+  return ibv_open_xrcd(d.ctx, &a);
+}
+
+ibv_srq *xrc_srq(Dev &d, ibv_xrcd *x, ibv_cq *cq, uint32_t depth = 64) {
+  ibv_srq_init_attr_ex a{};
+  a.attr.max_wr = depth;
+  a.attr.max_sge = 1;
+  a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  a.srq_type = IBV_SRQT_XRC;
+  a.pd = d.pd;
+  a.xrcd = x;
+  a.cq = cq;
+  return ibv_create_srq_ex(d.ctx, &a);
+}
+
+ibv_qp *xrc_qp(Dev &d, ibv_qp_type type, ibv_cq *cq, ibv_xrcd *x) {
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = type;
+  if (type == IBV_QPT_XRC_SEND) {
+    a.comp_mask = IBV_QP_INIT_ATTR_PD;
+    a.pd = d.pd;
+    a.send_cq = cq;
+    a.cap.max_send_wr = 64;
+    a.cap.max_send_sge = 1;
+  } else {
+    a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    a.xrcd = x;
+  }
+  return ibv_create_qp_ex(d.ctx, &a);
+}
+
+// An initiator connected to a target of domain x on this device.
+struct XrcPair {
+  Dev &d;
+  ibv_cq *scq;
+  ibv_qp *ini, *tgt;
+  XrcPair(Dev &dev, ibv_xrcd *x) : d(dev) {
+    scq = ibv_create_cq(d.ctx, 256, nullptr, nullptr, 0);
+    REQUIRE(scq);
+    ini = xrc_qp(d, IBV_QPT_XRC_SEND, scq, x);
+    tgt = xrc_qp(d, IBV_QPT_XRC_RECV, nullptr, x);
+    REQUIRE(ini);
+    REQUIRE(tgt);
+    Params p;
+    p.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    p.retry = getenv("USRC_TEST_LOSSY") ? 7 : 1;
+    REQUIRE(to_init(tgt, p.access) == 0);
+    REQUIRE(to_rtr(d, tgt, ini->qp_num, p) == 0);
+    REQUIRE(to_init(ini, 0) == 0);
+    REQUIRE(to_rtr(d, ini, tgt->qp_num, p) == 0);
+    REQUIRE(to_rts(ini, p) == 0);
+  }
+  ~XrcPair() {
+    ibv_destroy_qp(ini);
+    ibv_destroy_qp(tgt);
+    ibv_destroy_cq(scq);
+  }
+  // One WR to the target's SRQ srqn: its completion.
+  ibv_wc post(ibv_wr_opcode op, ibv_sge *sge, uint32_t srqn, uint64_t raddr = 0, uint32_t rkey = 0) {
+    ibv_send_wr wr{}, *bad;
+    wr.wr_id = op;
+    wr.opcode = op;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.qp_type.xrc.remote_srqn = srqn;
+    if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+      wr.wr.atomic = {raddr, 5, 0, rkey};
+    } else {
+      wr.wr.rdma = {raddr, rkey};
+    }
+    REQUIRE(ibv_post_send(ini, &wr, &bad) == 0);
+    auto w = poll(scq, 1);
+    REQUIRE(w.size() == 1);
+    return w[0];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("XRC domains: one per file inode, O_CREAT and O_EXCL as the kernel's, busy while used", "[verbs][xrc]") {
+  Dev d;
+  TempFile f;
+  REQUIRE(f.fd >= 0);
+  errno = 0;
+  CHECK(open_xrcd(d, f.fd, 0) == nullptr);   // none yet, and not to be made
+  CHECK(errno == EINVAL);
+  ibv_xrcd *a = open_xrcd(d, f.fd, O_CREAT);
+  REQUIRE(a);
+  errno = 0;
+  CHECK(open_xrcd(d, f.fd, O_CREAT | O_EXCL) == nullptr);
+  CHECK(errno == EEXIST);
+  ibv_xrcd *b = open_xrcd(d, f.fd, 0);   // the same domain
+  REQUIRE(b);
+  CHECK(open_xrcd(d, -1, 0) == nullptr);
+  ibv_xrcd *own = open_xrcd(d, -1, O_CREAT);
+  REQUIRE(own);
+  // An SRQ of the domain opened through a serves targets opened through b.
+  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_srq *s = xrc_srq(d, a, cq);
+  REQUIRE(s);
+  uint32_t n = 0;
+  CHECK(ibv_get_srq_num(s, &n) == 0);
+  CHECK(n != 0);
+  CHECK(ibv_close_xrcd(a) == EBUSY);
+  {
+    XrcPair x(d, b);
+    std::vector<uint8_t> src(64, 0x71), dst(64, 0);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), 64, 0), *md = ibv_reg_mr(d.pd, dst.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge rs{uintptr_t(dst.data()), 64, md->lkey};
+    ibv_recv_wr rw = recv_wr(9, &rs, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s, &rw, &bad) == 0);
+    ibv_sge ss{uintptr_t(src.data()), 64, ms->lkey};
+    CHECK(x.post(IBV_WR_SEND, &ss, n).status == IBV_WC_SUCCESS);
+    auto w = poll(cq, 1);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].status == IBV_WC_SUCCESS);
+    CHECK(w[0].qp_num == x.tgt->qp_num);
+    CHECK(dst == src);
+    // Targets of another domain do not reach it.
+    XrcPair y(d, own);
+    CHECK(remote_error(y.post(IBV_WR_SEND, &ss, n).status, IBV_WC_REM_INV_REQ_ERR));
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+  }
+  CHECK(ibv_destroy_srq(s) == 0);
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_close_xrcd(a) == 0);
+  CHECK(ibv_close_xrcd(b) == 0);
+  CHECK(ibv_close_xrcd(own) == 0);
+}
+
+TEST_CASE("XRC traffic: SENDs to two SRQs by number, RDMA WRITE, READ and ATOMIC through a target; misuse refused", "[verbs][xrc]") {
+  Dev d;
+  ibv_xrcd *x = open_xrcd(d, -1, O_CREAT);
+  REQUIRE(x);
+  ibv_cq *cq1 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0), *cq2 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  ibv_srq *s1 = xrc_srq(d, x, cq1), *s2 = xrc_srq(d, x, cq2);
+  REQUIRE(s1);
+  REQUIRE(s2);
+  uint32_t n1, n2;
+  REQUIRE(ibv_get_srq_num(s1, &n1) == 0);
+  REQUIRE(ibv_get_srq_num(s2, &n2) == 0);
+  CHECK(n1 != n2);
+  {
+    XrcPair p(d, x);
+    // A multi-packet SEND to each SRQ, completed on that SRQ's CQ.
+    std::vector<uint8_t> src(5000), d1(5000), d2(5000);
+    for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 7);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr *m1 = ibv_reg_mr(d.pd, d1.data(), d1.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                                           IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+    ibv_mr *m2 = ibv_reg_mr(d.pd, d2.data(), d2.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge r1{uintptr_t(d1.data()), 5000, m1->lkey}, r2{uintptr_t(d2.data()), 5000, m2->lkey};
+    ibv_recv_wr w1 = recv_wr(1, &r1, 1), w2 = recv_wr(2, &r2, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s1, &w1, &bad) == 0);
+    REQUIRE(ibv_post_srq_recv(s2, &w2, &bad) == 0);
+    ibv_sge ss{uintptr_t(src.data()), 5000, ms->lkey};
+    CHECK(p.post(IBV_WR_SEND, &ss, n2).status == IBV_WC_SUCCESS);
+    CHECK(p.post(IBV_WR_SEND, &ss, n1).status == IBV_WC_SUCCESS);
+    auto c2 = poll(cq2, 1), c1 = poll(cq1, 1);
+    REQUIRE(c1.size() == 1);
+    REQUIRE(c2.size() == 1);
+    CHECK(c1[0].wr_id == 1);
+    CHECK(c2[0].wr_id == 2);
+    CHECK(c1[0].byte_len == 5000);
+    CHECK(d1 == src);
+    CHECK(d2 == src);
+    // RDMA through the target (the SRQ's PD checks the key).
+    std::fill(d1.begin(), d1.end(), 0);
+    CHECK(p.post(IBV_WR_RDMA_WRITE, &ss, n1, uintptr_t(d1.data()), m1->rkey).status == IBV_WC_SUCCESS);
+    CHECK(d1 == src);
+    std::vector<uint8_t> back(5000, 0);
+    ibv_mr *mb = ibv_reg_mr(d.pd, back.data(), back.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge bs{uintptr_t(back.data()), 5000, mb->lkey};
+    CHECK(p.post(IBV_WR_RDMA_READ, &bs, n1, uintptr_t(d1.data()), m1->rkey).status == IBV_WC_SUCCESS);
+    CHECK(back == src);
+    alignas(8) uint64_t word = 10, old = 0;
+    ibv_mr *mw = ibv_reg_mr(d.pd, &word, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+    ibv_mr *mo = ibv_reg_mr(d.pd, &old, 8, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge os{uintptr_t(&old), 8, mo->lkey};
+    CHECK(p.post(IBV_WR_ATOMIC_FETCH_AND_ADD, &os, n1, uintptr_t(&word), mw->rkey).status == IBV_WC_SUCCESS);
+    CHECK(old == 10);
+    CHECK(word == 15);
+    // No receive queue on either side, no sends from a target.
+    CHECK(post_recv(p.ini, 3, &r1, 1) == EINVAL);
+    CHECK(post_recv(p.tgt, 3, &r1, 1) == EINVAL);
+    CHECK(post_send(p.tgt, 3, IBV_WR_SEND, &ss, 1, 0) == EINVAL);
+    // An SRQ number the target's domain does not have: an invalid request.
+    CHECK(remote_error(p.post(IBV_WR_SEND, &ss, (n1 ^ n2) | 1).status, IBV_WC_REM_INV_REQ_ERR));
+    for (ibv_mr *m : {ms, m1, m2, mb, mw, mo}) ibv_dereg_mr(m);
+  }
+  // A target is created with its domain only (ibv_create_qp_ex).
+  ibv_qp_init_attr ia{};
+  ia.qp_type = IBV_QPT_XRC_RECV;
+  errno = 0;
+  CHECK(ibv_create_qp(d.pd, &ia) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(ibv_destroy_cq(cq1) == EBUSY);   // (the SRQ's)
+  CHECK(ibv_destroy_srq(s1) == 0);
+  CHECK(ibv_destroy_srq(s2) == 0);
+  CHECK(ibv_destroy_cq(cq1) == 0);
+  CHECK(ibv_destroy_cq(cq2) == 0);
+  CHECK(ibv_close_xrcd(x) == 0);
+}

@@ -134,6 +134,7 @@ TEST_CASE("type 2 window: bound to its QP by IBV_WR_BIND_MW, closed by LOCAL_INV
     // Beyond the window's range: refused, though inside the MR.
     if (how == 0) {
       CHECK(remote_error(t.write(key, 4096), IBV_WC_REM_ACCESS_ERR));
+      CHECK(ibv_dealloc_mw(mw) == 0);
       continue;
     }
     if (how == 1) {

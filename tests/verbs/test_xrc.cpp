@@ -233,3 +233,59 @@ TEST_CASE("XRC traffic: SENDs to two SRQs by number, RDMA WRITE, READ and ATOMIC
   CHECK(ibv_destroy_cq(cq2) == 0);
   CHECK(ibv_close_xrcd(x) == 0);
 }
+
+TEST_CASE("XRC: an SRQ and its CQ destroyed under the target that served them; the target goes on", "[verbs][xrc]") {
+  Dev d;
+  ibv_xrcd *x = open_xrcd(d, -1, O_CREAT);
+  REQUIRE(x);
+  ibv_cq *cq1 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0), *cq2 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  ibv_srq *s1 = xrc_srq(d, x, cq1), *s2 = xrc_srq(d, x, cq2);
+  REQUIRE(s1);
+  REQUIRE(s2);
+  uint32_t n1, n2;
+  REQUIRE(ibv_get_srq_num(s1, &n1) == 0);
+  REQUIRE(ibv_get_srq_num(s2, &n2) == 0);
+  {
+    XrcPair p(d, x);
+    std::vector<uint8_t> src(100, 9), dst(100, 0);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge ss{uintptr_t(src.data()), 100, ms->lkey}, rs{uintptr_t(dst.data()), 100, md->lkey};
+    ibv_recv_wr w = recv_wr(1, &rs, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s1, &w, &bad) == 0);
+    REQUIRE(ibv_post_srq_recv(s1, &w, &bad) == 0);   // (one left when s1 goes)
+    CHECK(p.post(IBV_WR_SEND, &ss, n1).status == IBV_WC_SUCCESS);
+    REQUIRE(poll(cq1, 1).size() == 1);
+    // The target last took s1's queue, CQ and PD: both go while it lives.
+    CHECK(ibv_destroy_srq(s1) == 0);
+    CHECK(ibv_destroy_cq(cq1) == 0);
+    // s1's number is now unknown to the target; s2 still serves.
+    CHECK(remote_error(p.post(IBV_WR_SEND, &ss, n1).status, IBV_WC_REM_INV_REQ_ERR));
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    CHECK(ibv_modify_qp(p.tgt, &a, IBV_QP_STATE) == 0);
+    a.qp_state = IBV_QPS_ERR;
+    CHECK(ibv_modify_qp(p.tgt, &a, IBV_QP_STATE) == 0);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+  }
+  {
+    XrcPair p(d, x);
+    std::vector<uint8_t> src(100, 5), dst(100, 0);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_mr *md = ibv_reg_mr(d.pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge ss{uintptr_t(src.data()), 100, ms->lkey}, rs{uintptr_t(dst.data()), 100, md->lkey};
+    ibv_recv_wr w = recv_wr(2, &rs, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s2, &w, &bad) == 0);
+    CHECK(p.post(IBV_WR_SEND, &ss, n2).status == IBV_WC_SUCCESS);
+    auto c = poll(cq2, 1);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].wr_id == 2);
+    CHECK(dst == src);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+  }
+  CHECK(ibv_destroy_srq(s2) == 0);
+  CHECK(ibv_destroy_cq(cq2) == 0);
+  CHECK(ibv_close_xrcd(x) == 0);
+}

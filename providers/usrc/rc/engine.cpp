@@ -348,6 +348,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
 // Any other is an invalid request (IBA 9.7.5.2.2: a NAK for the expected
 // PSN; dropped otherwise).
 bool Engine::xrc_target(Qp &qp, const PacketView &v) {
+  if (qp.on_srq() && qp.xrc_srqn == v.p.h.xrc_srqn) return true;   // as the last
   auto it = xrc_srqs_.find(v.p.h.xrc_srqn);
   if (it == xrc_srqs_.end() || it->second.xrcd != qp.xrcd) {
     if (v.psn() == qp.resp.epsn) respond_error(qp, RespErr::inv_req, v.psn());
@@ -357,7 +358,23 @@ bool Engine::xrc_target(Qp &qp, const PacketView &v) {
   qp.rq = it->second.q;
   qp.recv_cq = it->second.cq;
   qp.pd = it->second.pd;
+  qp.xrc_srqn = v.p.h.xrc_srqn;
   return true;
+}
+
+// The SRQ goes (its CQ may follow): a target that last served it forgets
+// it, and the message it was receiving into it.
+void Engine::remove_xrc_srq(uint32_t srqn) {
+  auto it = xrc_srqs_.find(srqn);
+  if (it == xrc_srqs_.end()) return;
+  for (Qp *qp : qps_) {
+    if (!qp || qp->xrc != XrcRole::tgt || qp->rq != it->second.q) continue;
+    qp->rq = &qp->own_rq;
+    qp->recv_cq = nullptr;
+    qp->pd = nullptr;
+    qp->resp.has_cur = false;
+  }
+  xrc_srqs_.erase(it);
 }
 
 void Engine::post_local(Qp &qp) {

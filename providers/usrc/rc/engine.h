@@ -81,7 +81,7 @@ class Engine {
   Qp *find_qp(uint32_t qpn);
   // XRC SRQs by number (XrcSrq), for the targets' requests.
   void add_xrc_srq(uint32_t srqn, const XrcSrq &s) { xrc_srqs_[srqn] = s; }
-  void remove_xrc_srq(uint32_t srqn) { xrc_srqs_.erase(srqn); }
+  void remove_xrc_srq(uint32_t srqn);
   bool has_xrc_srq(uint32_t srqn) const { return xrc_srqs_.contains(srqn); }
   // The one source check of every packet a QP takes, on every receive path
   // (handle_packet, fast_ack, fast_sends): from the peer's address and its

@@ -283,6 +283,7 @@ struct Qp {
   QpType type = QpType::rc;
   XrcRole xrc = XrcRole::none;
   const void *xrcd = nullptr;  // a target's XRC domain
+  uint32_t xrc_srqn = 0;       // a target's: the SRQ rq points into, if not own_rq
   QpState state = QpState::reset;
   bool sq_sig_all = false;
   Cq *send_cq = nullptr, *recv_cq = nullptr;

@@ -49,7 +49,11 @@ struct DeviceConfig {
   uint32_t active_mtu = 1024;   // bytes: netdev MTU minus headers, capped at 4096
   uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
   uint64_t node_guid = 0;       // host byte order
-  uint32_t gid_tbl_len = 1;
+  uint32_t gid_tbl_len = 1;     // the GIDs in use (indices 0 .. gid_tbl_len - 1)
+  // The port's table (ibv_port_attr.gid_tbl_len): the GIDs in use, then
+  // empty entries (ibv_query_gid_ex: ENODATA) up to at least this many.
+  static constexpr uint32_t kMinGidTable = 16;
+  uint32_t gid_table_size() const { return gid_tbl_len > kMinGidTable ? gid_tbl_len : kMinGidTable; }
   Backend backend = Backend::udp;
   std::string provider;         // ofi: libfabric provider name (empty: "udp")
   // The network namespace of the netdev (net_namespace() of `link add`,

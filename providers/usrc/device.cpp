@@ -244,6 +244,10 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   // Completion timestamps are nanoseconds of CLOCK_MONOTONIC: a 1 GHz
   // "core clock" (hca_core_clock is in kHz) that never wraps.
   a.completion_timestamp_mask = UINT64_MAX;
+  // RDMA ATOMIC WRITE (IBV_WR_ATOMIC_WRITE): the kernel's flag
+  // IB_UVERBS_DEVICE_ATOMIC_WRITE (Linux 6.2; not in Debian 12's headers).
+  constexpr uint64_t kDeviceAtomicWrite = 1ull << 40;
+  a.device_cap_flags_ex = o.device_cap_flags | kDeviceAtomicWrite;
   a.hca_core_clock = 1000000;
   a.phys_port_cnt_ex = 1;
   // Nothing is pinned: on-demand paging is the natural mode (pd_mr.cpp).
@@ -278,7 +282,7 @@ int query_port(ibv_context *ibctx, uint8_t port, ibv_port_attr *attr) {
   attr->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   attr->max_mtu = IBV_MTU_4096;
   attr->active_mtu = mtu_enum(cfg.active_mtu);
-  attr->gid_tbl_len = static_cast<int>(cfg.gid_tbl_len);
+  attr->gid_tbl_len = static_cast<int>(cfg.gid_table_size());
   attr->port_cap_flags = 0;
   attr->max_msg_sz = rc::kMaxMsgSize;
   attr->pkey_tbl_len = 1;

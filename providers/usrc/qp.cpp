@@ -428,7 +428,8 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   const bool atomic = op->mask & rc::WR_ATOMIC;
   // UC carries SENDs and RDMA WRITEs only (IBA 9.8.2); SEND with
   // Invalidate is RC's here.
-  if (qp->t->type == rc::QpType::uc && (atomic || wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_SEND_WITH_INV))
+  if (qp->t->type == rc::QpType::uc &&
+      (atomic || (op->mask & rc::WR_SINGLE) || wr.opcode == IBV_WR_RDMA_READ || wr.opcode == IBV_WR_SEND_WITH_INV))
     return EINVAL;
   if (op->mask & rc::WR_LOCAL) {   // (no SGEs, no inline data)
     if (wr.opcode == IBV_WR_BIND_MW && (!wr.bind_mw.mw || wr.bind_mw.mw->context != qp->vqp.qp.context))
@@ -445,6 +446,7 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
   uint64_t len = 0;
   for (int i = 0; i < wr.num_sge; i++) len += wr.sg_list[i].length;
   if (len > rc::kMaxMsgSize || (inl && len > rc::kMaxInline)) return EINVAL;
+  if ((op->mask & rc::WR_SINGLE) && len != 8) return EINVAL;   // an ATOMIC WRITE's word
   *len_out = len;
   return 0;
 }
@@ -475,7 +477,9 @@ static_assert(int(rc::WrOpcode::rdma_write) == IBV_WR_RDMA_WRITE &&
               int(rc::WrOpcode::atomic_cmp_swp) == IBV_WR_ATOMIC_CMP_AND_SWP &&
               int(rc::WrOpcode::atomic_fetch_add) == IBV_WR_ATOMIC_FETCH_AND_ADD &&
               int(rc::WrOpcode::local_inv) == IBV_WR_LOCAL_INV && int(rc::WrOpcode::bind_mw) == IBV_WR_BIND_MW &&
-              int(rc::WrOpcode::send_inv) == IBV_WR_SEND_WITH_INV);
+              int(rc::WrOpcode::send_inv) == IBV_WR_SEND_WITH_INV &&
+              int(rc::WrOpcode::atomic_write) == IBV_WR_ATOMIC_WRITE &&
+              int(rc::WcOpcode::atomic_write) == IBV_WC_ATOMIC_WRITE);
 
 // A send WR's SGEs into w (flags set): inline data is read at post time
 // and needs no lkey (IBA 10.7.2.1); other SGEs are checked and mapped

@@ -15,7 +15,7 @@ constexpr uint64_t kSupportedOps =
     IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
     IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
-    IBV_QP_EX_WITH_SEND_WITH_INV;
+    IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 void fail(Qp *qp, int err) {
   if (!qp->batch_err) qp->batch_err = err;
@@ -146,6 +146,15 @@ void wr_set_inline_data(ibv_qp_ex *x, void *addr, size_t length) {
   wr_set_inline_data_list(x, 1, &b);
 }
 
+// The 8 bytes to store are read now, as inline data.
+void wr_atomic_write(ibv_qp_ex *x, uint32_t rkey, uint64_t va, const void *word) {
+  if (ibv_send_wr *w = begin(x, IBV_WR_ATOMIC_WRITE)) {
+    w->wr.rdma.rkey = rkey;
+    w->wr.rdma.remote_addr = va;
+    wr_set_inline_data(x, const_cast<void *>(word), 8);
+  }
+}
+
 void wr_start(ibv_qp_ex *x) {
   Qp *qp = to_qp(x);
   qp->nbatch = 0;
@@ -195,9 +204,6 @@ void wr_set_xrc_srqn(ibv_qp_ex *x, uint32_t srqn) {
 // ibv_wr_complete (they are unreachable through send_ops_flags, which
 // create_qp_ex checks, but a slot is never left null).
 void wr_unsupported_tso(ibv_qp_ex *x, void *, uint16_t, uint16_t) { fail(to_qp(x), EOPNOTSUPP); }
-void wr_unsupported_atomic_write(ibv_qp_ex *x, uint32_t, uint64_t, const void *) {
-  fail(to_qp(x), EOPNOTSUPP);
-}
 
 }  // namespace
 
@@ -225,7 +231,7 @@ int init_qp_ex(Qp *qp, uint64_t ops) {
   x.wr_send_tso = at_boundary<wr_unsupported_tso>;
   x.wr_set_ud_addr = at_boundary<wr_set_ud_addr>;
   x.wr_set_xrc_srqn = at_boundary<wr_set_xrc_srqn>;
-  x.wr_atomic_write = at_boundary<wr_unsupported_atomic_write>;
+  x.wr_atomic_write = at_boundary<wr_atomic_write>;
   qp->vqp.comp_mask |= VERBS_QP_EX;
   return 0;
 }

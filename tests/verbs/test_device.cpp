@@ -65,3 +65,31 @@ TEST_CASE("query_device and query_device_ex: a vendor, GUIDs, limits, one port",
   // A port beyond the count: EINVAL.
   for (uint8_t port : {uint8_t(0), uint8_t(2), uint8_t(11)}) CHECK(ibv_query_port(ctx, port, &p) == EINVAL);
 }
+
+// The port's GID table: the GIDs in use, then empty entries, as a NIC's
+// (a tool looking for a free index finds one, and learns it is empty).
+TEST_CASE("GID table: entries in use, then empty ones (ENODATA)", "[verbs][device]") {
+  Dev d;
+  REQUIRE(d.port.gid_tbl_len >= 16);
+  ibv_gid_entry tbl[64];
+  ssize_t n = ibv_query_gid_table(d.ctx, tbl, 64, 0);
+  REQUIRE(n >= 1);
+  CHECK(n < d.port.gid_tbl_len);
+  for (ssize_t i = 0; i < n; i++) {
+    CHECK(tbl[i].port_num == 1);
+    CHECK(tbl[i].gid_index == uint32_t(i));   // in use: the first indices
+    CHECK(tbl[i].gid_type == (d.port.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB));
+  }
+  ibv_gid_entry e{};
+  CHECK(ibv_query_gid_ex(d.ctx, 1, 0, &e, 0) == 0);
+  CHECK(ibv_query_gid_ex(d.ctx, 1, uint32_t(n), &e, 0) == ENODATA);
+  CHECK(ibv_query_gid_ex(d.ctx, 1, d.port.gid_tbl_len - 1, &e, 0) == ENODATA);
+  // An empty entry is no source GID for a QP's path.
+  Qp a(d);
+  REQUIRE(to_init(a.qp, 0) == 0);
+  ibv_qp_attr at = rtr_attr(d, a.qp->qp_num, Params{});
+  at.ah_attr.is_global = 1;
+  at.ah_attr.grh.sgid_index = uint8_t(n);
+  at.ah_attr.grh.hop_limit = 1;
+  CHECK(ibv_modify_qp(a.qp, &at, kRtrMask) == EINVAL);
+}

@@ -696,6 +696,85 @@ TEST_CASE("RDMA READ and ATOMICs through the verbs API", "[verbs]") {
   for (ibv_mr *m : {mr, ml, mw, mres}) ibv_dereg_mr(m);
 }
 
+// RDMA ATOMIC WRITE (IBA 1.5): 8 bytes stored whole at an aligned address
+// of a region with remote write access; the WR's word, from an SGE or the
+// extended API's pointer.
+TEST_CASE("ATOMIC WRITE: ibv_post_send and ibv_wr_atomic_write; alignment, access and length checked", "[verbs]") {
+  Dev d;
+  ibv_device_attr_ex dx{};
+  REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &dx) == 0);
+  CHECK((dx.device_cap_flags_ex & (1ull << 40)) != 0);   // IB_UVERBS_DEVICE_ATOMIC_WRITE
+  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_qp_init_attr_ex ia{};
+  ia.qp_type = IBV_QPT_RC;
+  ia.send_cq = ia.recv_cq = cq;
+  ia.cap = {16, 16, 1, 1, 64};
+  ia.pd = d.pd;
+  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ia.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE;
+  ibv_qp *qp = ibv_create_qp_ex(d.ctx, &ia);
+  REQUIRE(qp);
+  Qp b(d);
+  Params pa, pb;
+  pb.rq_psn = pa.sq_psn;
+  pa.rq_psn = pb.sq_psn;
+  REQUIRE(to_init(qp, pa.access) == 0);
+  REQUIRE(to_rtr(d, qp, b.qp->qp_num, pa) == 0);
+  REQUIRE(to_rts(qp, pa) == 0);
+  connect(d, b, qp->qp_num, pb);
+  alignas(8) uint64_t words[3] = {1, 2, 3};
+  alignas(8) uint64_t val = 0x1122334455667788ull;
+  ibv_mr *mw = ibv_reg_mr(d.pd, words, sizeof words, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr *mv = ibv_reg_mr(d.pd, &val, 8, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *mro = ibv_reg_mr(d.pd, &words[2], 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+  // Through ibv_post_send: the word is the SGE's 8 bytes.
+  ibv_sge g{uintptr_t(&val), 8, mv->lkey};
+  REQUIRE(post_send(qp, 1, IBV_WR_ATOMIC_WRITE, &g, 1, IBV_SEND_SIGNALED, uintptr_t(&words[0]), mw->rkey) == 0);
+  auto wc = poll(cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(wc[0].opcode == IBV_WC_ATOMIC_WRITE);
+  CHECK(words[0] == val);
+  CHECK(words[1] == 2);
+  // Through the extended API: the word is read at the call.
+  ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
+  REQUIRE(x);
+  uint64_t v2 = 0xa5a5a5a5deadbeefull;
+  ibv_wr_start(x);
+  x->wr_id = 2;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_atomic_write(x, mw->rkey, uintptr_t(&words[1]), &v2);
+  v2 = 0;
+  REQUIRE(ibv_wr_complete(x) == 0);
+  wc = poll(cq, 1);
+  REQUIRE(wc.size() == 1);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(wc[0].wr_id == 2);
+  CHECK(wc[0].opcode == IBV_WC_ATOMIC_WRITE);
+  CHECK(words[1] == 0xa5a5a5a5deadbeefull);
+  // Not 8 bytes: refused at post.
+  ibv_sge g7{uintptr_t(&val), 7, mv->lkey};
+  CHECK(post_send(qp, 3, IBV_WR_ATOMIC_WRITE, &g7, 1, IBV_SEND_SIGNALED, uintptr_t(&words[0]), mw->rkey) == EINVAL);
+  SECTION("a misaligned address: REM_INV_REQ_ERR, nothing written") {
+    REQUIRE(post_send(qp, 4, IBV_WR_ATOMIC_WRITE, &g, 1, IBV_SEND_SIGNALED, uintptr_t(&words[0]) + 4, mw->rkey) == 0);
+    wc = poll(cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(remote_error(wc[0].status, IBV_WC_REM_INV_REQ_ERR));
+    CHECK(words[1] == 0xa5a5a5a5deadbeefull);
+  }
+  SECTION("a region without remote write: REM_ACCESS_ERR, nothing written") {
+    REQUIRE(post_send(qp, 5, IBV_WR_ATOMIC_WRITE, &g, 1, IBV_SEND_SIGNALED, uintptr_t(&words[2]), mro->rkey) == 0);
+    wc = poll(cq, 1);
+    REQUIRE(wc.size() == 1);
+    CHECK(remote_error(wc[0].status, IBV_WC_REM_ACCESS_ERR));
+    CHECK(words[2] == 3);
+  }
+  ibv_destroy_qp(qp);
+  for (ibv_mr *m : {mw, mv, mro}) ibv_dereg_mr(m);
+  ibv_destroy_cq(cq);
+}
+
 // Two processes hammer the same 8-byte word of a third with FETCH_AND_ADD:
 // the final value is the number of adds (atomic across QPs and processes).
 TEST_CASE("two processes FETCH_AND_ADD one word", "[verbs]") {

@@ -190,9 +190,9 @@ int main() {
     want("infiniband.bth.padcnt", wire::pad_for(items[i].payload_len));
     want("infiniband.bth.p_key", 0xffff);
     // Wireshark 4.0 names the XRC opcodes but does not dissect what
-    // follows their BTH ("Unknown Header Sequence"); our own parser checked
-    // those headers above.
-    if (m & wire::IS_XRC) continue;
+    // follows their BTH ("Unknown Header Sequence"), and predates ATOMIC
+    // WRITE (IBA 1.5); our own parser checked those headers above.
+    if ((m & wire::IS_XRC) || (h.bth.opcode & 0x1f) == uint8_t(wire::Opcode::RC_ATOMIC_WRITE)) continue;
     if (m & wire::HAS_RETH) {
       want("infiniband.reth.va", h.reth.va);
       want("infiniband.reth.r_key", h.reth.rkey);

@@ -123,7 +123,7 @@ TEST_CASE("the opcode table is IBA table 38", "[wire]") {
     }
   std::set<int> want;
   for (int op = 0x00; op <= 0x14; op++) want.insert(op);
-  want.insert({0x16, 0x17});
+  want.insert({0x16, 0x17, 0x1d});   // (0x1d: ATOMIC WRITE, IBA 1.5)
   for (int op = 0x20; op <= 0x2b; op++) want.insert(op);
   want.insert({0x64, 0x65});
   for (int op : std::set<int>(want)) if (op < 0x20) want.insert(op + 0xa0);   // XRC: RC's
@@ -256,13 +256,13 @@ TEST_CASE("every header builder writes what build_headers writes, for every opco
     if (v.has(HAS_IETH)) CHECK(v.ieth_rkey() == c.h.ieth);
     if (v.has(HAS_XRCETH)) CHECK(v.xrc_srqn() == c.h.xrc_srqn);
   }
-  CHECK(cases.size() == 38 + 23 + 3);   // every opcode (RC, UC, UD, ours; XRC), the ACK four ways
+  CHECK(cases.size() == 40 + 23 + 3);   // every opcode (RC, UC, UD, ours; XRC), the ACK four ways
   CHECK(builders == std::set<std::string>{"build_headers", "put_request", "bth words + put_request_ext", "put_ack"});
-  // build_headers for each; put_request for the SENDs, WRITEs, READ
+  // build_headers for each; put_request for the SENDs, WRITEs (ATOMIC WRITE too), READ
   // requests and SENDs with invalidate of RC and XRC, UC's and ours; the
   // in-place builder for RC's and UC's SENDs and WRITEs, RC's READ request
   // and ours; put_ack.
-  CHECK(compared == 64 + (15 + 12 + 15 + 1) + (13 + 12 + 1) + 4);
+  CHECK(compared == 66 + (16 + 12 + 16 + 1) + (14 + 12 + 1) + 4);
 }
 
 TEST_CASE("a work request's packets come from the WR opcode table", "[wire]") {

@@ -237,6 +237,14 @@ int link_add(const LinkAddArgs &a) {
         write_file(port / "gid_attrs/ndevs" / std::to_string(i), a.netdev + "\n");
       }
     }
+    // The empty rest of the table: an all-zero GID, as the kernel shows one.
+    const std::array<uint8_t, 16> zero{};
+    // (On RoCE a type too: libibverbs' sysfs reader fails an entry without
+    // one, where the kernel's read of an empty entry's type is EINVAL.)
+    for (size_t i = gids.size(); i < c.gid_table_size(); i++) {
+      write_file(port / "gids" / std::to_string(i), gid_str(zero.data()) + "\n");
+      if (c.link_layer == LinkLayer::roce) write_file(port / "gid_attrs/types" / std::to_string(i), "RoCE v2\n");
+    }
     write_file(port / "pkeys/0", "0xffff\n");
     write_file(tmp / kConfigFile, c.serialize());
     fs::rename(tmp, dev);

@@ -309,6 +309,9 @@ class Engine {
     RespErr err = RespErr::inv_req;
   };
   void responder_rx(Qp &qp, const struct PacketView &p);
+  static bool is_atomic_write(const PacketView &v) {   // (RC or XRC)
+    return (v.opcode() & 0x1f) == static_cast<uint8_t>(wire::Opcode::RC_ATOMIC_WRITE);
+  }
   bool xrc_target(Qp &qp, const PacketView &v);
   RespStep check_psn(Qp &qp, Request &r);
   RespStep duplicate(Qp &qp, Request &r);

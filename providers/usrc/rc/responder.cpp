@@ -354,6 +354,10 @@ Engine::RespStep Engine::check_op_seq(Qp &qp, Request &r) {
 // What the QP can take at all (class C): READ and ATOMIC need responder
 // resources (max_dest_rd_atomic 0: none), an ATOMIC an aligned word.
 Engine::RespStep Engine::check_op_valid(Qp &qp, Request &r) {
+  if (r.is_write && is_atomic_write(r.v)) {   // one aligned word
+    const wire::Reth &reth = r.v.p.h.reth;
+    return r.len == 8 && reth.dma_len == 8 && reth.va % 8 == 0 ? RespStep::check_length : RespStep::error;
+  }
   if (r.is_send || r.is_write || r.placed) return RespStep::check_length;
   if (qp.attr.max_dest_rd_atomic == 0) return RespStep::error;   // (inv_req)
   if ((r.mask & wire::IS_ATOMIC) && r.v.p.h.atomic.va % 8) return RespStep::error;
@@ -418,6 +422,19 @@ Engine::RespStep Engine::execute(Qp &qp, Request &r) {
     complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
     r.err = RespErr::rem_op;
     return RespStep::error;
+  }
+  if (r.is_write && is_atomic_write(r.v)) {
+    // ATOMIC WRITE (IBA 1.5, 9.4.7): the 8 bytes land with one store, so no
+    // reader sees part of them; like a WRITE, executed once (a duplicate is
+    // acknowledged again, not stored again).
+    uint64_t word;
+    std::memcpy(&word, r.v.p.payload, 8);
+    if (!guard::run([&] { __atomic_store_n(reinterpret_cast<uint64_t *>(r.to), word, __ATOMIC_SEQ_CST); })) {
+      r.err = RespErr::rem_access;
+      return RespStep::error;
+    }
+    qp.resp.write_left = 0;
+    return RespStep::complete;
   }
   if (r.is_write) {
     if (r.len && !guard::copy(r.to, r.v.p.payload, r.len)) {

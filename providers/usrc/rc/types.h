@@ -43,12 +43,14 @@ enum class WcStatus : uint8_t {   // = enum ibv_wc_status
 
 enum class WcOpcode : uint8_t {   // = enum ibv_wc_opcode
   send = 0, rdma_write = 1, rdma_read = 2, comp_swap = 3, fetch_add = 4, bind_mw = 5, local_inv = 6,
+  atomic_write = 9,
   recv = 128, recv_rdma_with_imm = 129,
 };
 
 enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
   rdma_write = 0, rdma_write_imm = 1, send = 2, send_imm = 3, rdma_read = 4,
   atomic_cmp_swp = 5, atomic_fetch_add = 6, local_inv = 7, bind_mw = 8, send_inv = 9,
+  atomic_write = 15,
 };
 
 // What each WR opcode means, and the packets it is made of: the WR

@@ -24,6 +24,9 @@ enum WrMask : uint16_t {
   // No packets: an operation on this side's memory windows, made at post
   // time, that completes in send queue order (Engine::post_local).
   WR_LOCAL = 1u << 9,
+  // One packet of exactly 8 bytes, stored at the responder with one atomic
+  // 8-byte store (an ATOMIC WRITE, IBA 1.5 9.4.7): a WRITE otherwise.
+  WR_SINGLE = 1u << 10,
   // One request answered with data (IBA 9.4.3, 9.4.5): these count against
   // the initiator depth and the responder resources, and are ordered by
   // the fence.
@@ -42,9 +45,12 @@ struct WrOpcodeInfo {
 namespace detail {
 
 using O = wire::Opcode;
-constexpr size_t kNumWrOpcodes = 10;
+constexpr size_t kNumWrOpcodes = 16;
 constexpr O kNone[4] = {};   // (a local operation's: no packets)
 constexpr O kAck[4] = {O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE, O::RC_ACKNOWLEDGE};
+
+// A verbs opcode usrc does not carry (TSO, the driver's own, FLUSH): no row.
+#define USRC_NO_WR(n) {static_cast<WrOpcode>(n), nullptr, 0, WcOpcode::send, {}, {}}
 
 // Indexed by WrOpcode (= enum ibv_wr_opcode).
 inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kWrOpcodes = {{
@@ -82,7 +88,13 @@ inline constexpr std::array<WrOpcodeInfo, kNumWrOpcodes> kWrOpcodes = {{
     {WrOpcode::send_inv, "IBV_WR_SEND_WITH_INV", WR_SEND | WR_INV | WR_INLINE_OK | WR_CONSUMES_RWQE, WcOpcode::send,
      {O::RC_SEND_MIDDLE, O::RC_SEND_FIRST, O::RC_SEND_LAST_INV, O::RC_SEND_ONLY_INV},
      {kAck[0], kAck[1], kAck[2], kAck[3]}},
+    USRC_NO_WR(10), USRC_NO_WR(11), USRC_NO_WR(12), USRC_NO_WR(13), USRC_NO_WR(14),
+    {WrOpcode::atomic_write, "IBV_WR_ATOMIC_WRITE", WR_WRITE | WR_INLINE_OK | WR_RETH | WR_SINGLE,
+     WcOpcode::atomic_write,
+     {O::RC_ATOMIC_WRITE, O::RC_ATOMIC_WRITE, O::RC_ATOMIC_WRITE, O::RC_ATOMIC_WRITE},
+     {kAck[0], kAck[1], kAck[2], kAck[3]}},
 }};
+#undef USRC_NO_WR
 
 // Every row agrees with the packet opcode table: its request packets are
 // RC requests of its kind in their positions (a single-packet kind's are
@@ -93,6 +105,10 @@ constexpr bool wr_rows_ok() {
     const WrOpcodeInfo &w = kWrOpcodes[i];
     if (static_cast<size_t>(w.op) != i) return false;   // in WrOpcode order
     const uint16_t m = w.mask;
+    if (!w.name) {   // (a row usrc does not carry)
+      if (m) return false;
+      continue;
+    }
     if (m & WR_LOCAL) {
       if (m != WR_LOCAL) return false;
       continue;
@@ -100,7 +116,7 @@ constexpr bool wr_rows_ok() {
     const uint32_t kind = (m & WR_SEND ? wire::IS_SEND : 0u) | (m & WR_WRITE ? wire::IS_WRITE : 0u) |
                           (m & WR_READ ? wire::IS_READ : 0u) | (m & WR_ATOMIC ? wire::IS_ATOMIC : 0u);
     if (__builtin_popcount(kind) != 1) return false;
-    const bool one = m & WR_READ_OR_ATOMIC;
+    const bool one = m & (WR_READ_OR_ATOMIC | WR_SINGLE);
     constexpr uint32_t kPosBits = wire::IS_FIRST | wire::IS_MIDDLE | wire::IS_LAST | wire::IS_ONLY;
     constexpr uint32_t kPos[4] = {wire::IS_MIDDLE, wire::IS_FIRST, wire::IS_LAST,
                                   wire::IS_FIRST | wire::IS_LAST | wire::IS_ONLY};
@@ -130,7 +146,8 @@ static_assert(wr_rows_ok());
 constexpr const WrOpcodeInfo &wr_info(WrOpcode op) { return detail::kWrOpcodes[static_cast<size_t>(op)]; }
 // A verbs WR opcode's row; nullptr if usrc does not support it.
 constexpr const WrOpcodeInfo *wr_opcode_info(unsigned verbs_opcode) {
-  return verbs_opcode < detail::kNumWrOpcodes ? &detail::kWrOpcodes[verbs_opcode] : nullptr;
+  return verbs_opcode < detail::kNumWrOpcodes && detail::kWrOpcodes[verbs_opcode].name
+             ? &detail::kWrOpcodes[verbs_opcode] : nullptr;
 }
 // READ and ATOMIC: one request, answered with data (IBA 9.4.3, 9.4.5).
 constexpr bool is_rd_atomic(WrOpcode op) { return wr_info(op).mask & WR_READ_OR_ATOMIC; }

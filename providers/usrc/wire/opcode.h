@@ -23,7 +23,7 @@ enum class Opcode : uint8_t {
   RC_WRITE_ONLY_IMM = 0x0b, RC_READ_REQUEST = 0x0c, RC_READ_RESPONSE_FIRST = 0x0d,
   RC_READ_RESPONSE_MIDDLE = 0x0e, RC_READ_RESPONSE_LAST = 0x0f, RC_READ_RESPONSE_ONLY = 0x10,
   RC_ACKNOWLEDGE = 0x11, RC_ATOMIC_ACKNOWLEDGE = 0x12, RC_COMPARE_SWAP = 0x13,
-  RC_FETCH_ADD = 0x14, RC_SEND_LAST_INV = 0x16, RC_SEND_ONLY_INV = 0x17,
+  RC_FETCH_ADD = 0x14, RC_SEND_LAST_INV = 0x16, RC_SEND_ONLY_INV = 0x17, RC_ATOMIC_WRITE = 0x1d,
   UC_SEND_FIRST = 0x20, UC_SEND_MIDDLE = 0x21, UC_SEND_LAST = 0x22, UC_SEND_LAST_IMM = 0x23,
   UC_SEND_ONLY = 0x24, UC_SEND_ONLY_IMM = 0x25, UC_WRITE_FIRST = 0x26, UC_WRITE_MIDDLE = 0x27,
   UC_WRITE_LAST = 0x28, UC_WRITE_LAST_IMM = 0x29, UC_WRITE_ONLY = 0x2a,
@@ -132,7 +132,8 @@ constexpr Row kRows[] = {
     {base + 0x16, P "SEND_LAST_WITH_INVALIDATE",                                               \
      T | X | kReq | kPay | IS_SEND | kL | HAS_IETH | CONSUMES_RWQE},                           \
     {base + 0x17, P "SEND_ONLY_WITH_INVALIDATE",                                               \
-     T | X | kReq | kPay | IS_SEND | kO | HAS_IETH | CONSUMES_RWQE}
+     T | X | kReq | kPay | IS_SEND | kO | HAS_IETH | CONSUMES_RWQE},                           \
+    {base + 0x1d, P "RDMA_ATOMIC_WRITE", T | X | kReq | kPay | IS_WRITE | kO | HAS_RETH}
     // XRC: RC's rows, each request with the XRCETH (IBA 9.2.1, 9.3).
     USRC_RELIABLE(0x00, "RC_", IS_RC, 0u),
     USRC_RELIABLE(0xa0, "XRC_", IS_XRC, HAS_XRCETH),
@@ -186,7 +187,7 @@ constexpr bool rows_ok() {
   return true;
 }
 static_assert(rows_ok());
-static_assert(sizeof kRows / sizeof kRows[0] == 23 + 23 + 12 + 2 + 1, "RC, XRC, UC, UD, ours");
+static_assert(sizeof kRows / sizeof kRows[0] == 24 + 24 + 12 + 2 + 1, "RC, XRC, UC, UD, ours");
 
 }  // namespace detail
 

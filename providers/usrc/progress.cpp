@@ -86,6 +86,8 @@ void Context::progress_loop() {
   // written, not rounded up by the default 50 us timer slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   bool nic_woke = false;   // packets ended a sleep while the application polled
+  uint64_t crowded_at = 0;   // when cores_crowded() was last looked at
+  bool crowded = false;
   while (!stop_) {
     uint64_t now = now_ns();
     const uint64_t app = app_polled_.load(std::memory_order_relaxed);
@@ -126,8 +128,15 @@ void Context::progress_loop() {
     // whole time slice (milliseconds) to a spinner, a stall for every
     // request that arrives meanwhile. Asleep, a packet wakes the thread
     // ahead of the spinners.
-    if (d.what == ProgressPolicy::Do::spin && cores_crowded())
-      d = {ProgressPolicy::Do::sleep, d.until, true};
+    // (Looked at every 20 us at most: the count moves on the scheduler's
+    // ticks, and a look costs as much as the spin pass itself.)
+    if (d.what == ProgressPolicy::Do::spin) {
+      if (now - crowded_at >= 20000) {
+        crowded = cores_crowded();
+        crowded_at = now;
+      }
+      if (crowded) d = {ProgressPolicy::Do::sleep, d.until, true};
+    }
     if (d.what == ProgressPolicy::Do::spin) {
       const uint64_t t0 = now_ns();
       sched_yield();

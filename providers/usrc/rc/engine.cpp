@@ -297,10 +297,9 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
   qp.local.small_run = false;
   const bool placed = place(qp, wr, len);
   qp.local.polls_at_post = polls.load(std::memory_order_relaxed);
-  w.length = static_cast<uint32_t>(len);
-  w.placed = placed;
-  w.small = false;
-  w.bad = false;
+  start_wqe(qp, w, static_cast<uint32_t>(len),
+            len <= qp.attr.pmtu || placed ? 1 : static_cast<uint32_t>((len + qp.attr.pmtu - 1) / qp.attr.pmtu),
+            placed);
   if ((wr.flags & kInline) && !placed) {
     // Inline data is copied now: the caller may reuse its buffer at once.
     uint32_t off = 0;
@@ -311,10 +310,7 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
     w.wr.num_sge = 1;
     w.wr.sge[0] = {w.inline_data, off};
   }
-  w.npkts = len <= qp.attr.pmtu || placed ? 1 : static_cast<uint32_t>((len + qp.attr.pmtu - 1) / qp.attr.pmtu);
-  w.rd_before = qp.req.rd_posted;
   qp.req.rd_posted += is_rd_atomic(wr.opcode);
-  w.first_psn = qp.req.next_psn;
   qp.sq.push();
 
   if (qp.state == QpState::err) {
@@ -377,13 +373,19 @@ void Engine::remove_xrc_srq(uint32_t srqn) {
   xrc_srqs_.erase(it);
 }
 
-void Engine::post_local(Qp &qp) {
-  SendWqe &w = qp.sq.back();
-  w.length = 0;
-  w.npkts = 0;
-  w.placed = w.small = w.bad = false;
+// What every WQE posted starts with (post_slot, post_local).
+void Engine::start_wqe(Qp &qp, SendWqe &w, uint32_t len, uint32_t npkts, bool placed) {
+  w.length = len;
+  w.npkts = npkts;
+  w.placed = placed;
+  w.small = w.bad = false;
   w.rd_before = qp.req.rd_posted;
   w.first_psn = qp.req.next_psn;
+}
+
+void Engine::post_local(Qp &qp) {
+  SendWqe &w = qp.sq.back();
+  start_wqe(qp, w, 0, 0, false);
   qp.local.small_run = false;
   // The requester steps over it (Engine::sent); with nothing before it
   // unsent, it is behind already.

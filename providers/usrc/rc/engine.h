@@ -116,6 +116,7 @@ class Engine {
   // caller has filled it with a WR that passed post_send's checks, the post.
   SendWr *send_slot(Qp &qp) { return qp.send_room() ? &qp.sq.back().wr : nullptr; }
   void post_slot(Qp &qp, uint64_t len);
+  void start_wqe(Qp &qp, SendWqe &w, uint32_t len, uint32_t npkts, bool placed);
   // The same for a local operation (a WR_LOCAL opcode: BIND_MW, LOCAL_INV)
   // whose effect the glue made as it posted it: a WQE of no packets that
   // completes in send queue order, once every WQE before it has.

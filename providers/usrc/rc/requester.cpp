@@ -152,11 +152,7 @@ void Engine::post_small(Qp &qp, SendWqe &w, uint32_t len) {
     wr.sge[0] = {w.inline_data, len};
   }
   const uint32_t psn = qp.req.next_psn, next = psn_add(psn, 1);
-  w.length = len;
-  w.placed = false;
-  w.npkts = 1;
-  w.rd_before = qp.req.rd_posted;
-  w.first_psn = psn;
+  start_wqe(qp, w, len, 1, false);
   const uint8_t op = request_opcode(qp, w, 0);
   const uint32_t pad = wire::pad_for(len);
   w.small = true;

@@ -13,7 +13,6 @@ using namespace verbs_test;
 
 namespace {
 
-constexpr uint32_t kQkey = 0x11111111;
 
 // The resource types usrc passes to a parent domain's allocators
 // (docs/design.md, "Protection, thread and parent domains"), and the alignment it asks for.
@@ -124,19 +123,6 @@ void connect_rc(Dev &d, ibv_qp *a, ibv_qp *b) {
     REQUIRE(to_rtr(d, q, peer->qp_num, p) == 0);
     REQUIRE(to_rts(q, p) == 0);
   }
-}
-
-void to_rts_ud(ibv_qp *qp) {
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  a.qkey = kQkey;
-  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
-  a.qp_state = IBV_QPS_RTR;
-  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = 5;
-  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
 }
 
 ibv_wc poll_one(ibv_cq *cq) {
@@ -436,17 +422,9 @@ TEST_CASE("UD on a parent domain: datagrams through AHs of the parent domain and
   {
     PdQp a(d, pd, pd, IBV_QPT_UD), b(d, pd, pd, IBV_QPT_UD);
     CHECK(c.allocs == 6);
-    to_rts_ud(a.qp);
-    to_rts_ud(b.qp);
-    ibv_ah_attr aa{};
-    aa.port_num = 1;
-    aa.dlid = d.port.lid;
-    if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-      aa.is_global = 1;
-      REQUIRE(ibv_query_gid(d.ctx, 1, 0, &aa.grh.dgid) == 0);
-      aa.grh.hop_limit = 1;
-    }
-    ibv_ah *on_pd = ibv_create_ah(d.pd, &aa), *on_parent = ibv_create_ah(pd, &aa), *other = ibv_create_ah(stranger, &aa);
+    ud_to_rts(a.qp);
+    ud_to_rts(b.qp);
+    ibv_ah *on_pd = ah_to_self(d, d.pd), *on_parent = ah_to_self(d, pd), *other = ah_to_self(d, stranger);
     REQUIRE(on_pd);
     REQUIRE(on_parent);
     REQUIRE(other);
@@ -462,16 +440,7 @@ TEST_CASE("UD on a parent domain: datagrams through AHs of the parent domain and
       INFO("datagram " << k);
       ibv_sge rs{uintptr_t(dst.data() + k * (40 + 512)), 40 + 512, md->lkey};
       REQUIRE(post_recv(b.qp, 20 + k, &rs, 1) == 0);
-      ibv_send_wr wr{}, *bad;
-      wr.wr_id = 10 + k;
-      wr.opcode = IBV_WR_SEND;
-      wr.sg_list = &ss;
-      wr.num_sge = 1;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.ud.ah = ah;
-      wr.wr.ud.remote_qpn = b.qp->qp_num;
-      wr.wr.ud.remote_qkey = kQkey;
-      REQUIRE(ibv_post_send(a.qp, &wr, &bad) == 0);
+      REQUIRE(send_ud(a.qp, 10 + k, &ss, ah, b.qp->qp_num) == 0);
       CHECK(poll_one(a.cq).status == IBV_WC_SUCCESS);
       ibv_wc w = poll_one(b.cq);
       CHECK(w.status == IBV_WC_SUCCESS);
@@ -482,14 +451,7 @@ TEST_CASE("UD on a parent domain: datagrams through AHs of the parent domain and
       k++;
     }
     // An AH of another PD is refused.
-    ibv_send_wr wr{}, *bad;
-    wr.opcode = IBV_WR_SEND;
-    wr.sg_list = &ss;
-    wr.num_sge = 1;
-    wr.wr.ud.ah = other;
-    wr.wr.ud.remote_qpn = b.qp->qp_num;
-    wr.wr.ud.remote_qkey = kQkey;
-    CHECK(ibv_post_send(a.qp, &wr, &bad) == EINVAL);
+    CHECK(send_ud(a.qp, 12, &ss, other, b.qp->qp_num) == EINVAL);
     CHECK(ibv_dealloc_pd(pd) == EBUSY);
     CHECK(ibv_dereg_mr(ms) == 0);
     CHECK(ibv_dereg_mr(md) == 0);
@@ -521,14 +483,7 @@ TEST_CASE("parent domains: EBUSY while an MR, QP, SRQ, AH or CQ uses one, and fo
   REQUIRE(srq);
   CHECK(ibv_dealloc_pd(pd) == EBUSY);
   CHECK(ibv_destroy_srq(srq) == 0);
-  ibv_ah_attr aa{};
-  aa.port_num = 1;
-  aa.dlid = d.port.lid;
-  if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-    aa.is_global = 1;
-    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &aa.grh.dgid) == 0);
-  }
-  ibv_ah *ah = ibv_create_ah(pd, &aa);
+  ibv_ah *ah = ah_to_self(d, pd);
   REQUIRE(ah);
   CHECK(ibv_dealloc_pd(pd) == EBUSY);
   CHECK(ibv_destroy_ah(ah) == 0);

@@ -7,8 +7,6 @@ using namespace verbs_test;
 
 namespace {
 
-constexpr uint32_t kQkey = 0x11111111;
-
 // A UD QP on a CQ of its own, taken to RTS with Q_Key kQkey (or qkey).
 struct UdQp {
   ibv_cq *cq = nullptr;
@@ -23,16 +21,7 @@ struct UdQp {
     ia.cap = {16, 16, 2, 2, 64};
     qp = ibv_create_qp(d.pd, &ia);
     REQUIRE(qp);
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qkey = qkey;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
-    a.qp_state = IBV_QPS_RTR;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 77;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+    ud_to_rts(qp, qkey);
   }
   ~UdQp() {
     ibv_destroy_qp(qp);
@@ -42,35 +31,6 @@ struct UdQp {
 
 bool roce(Dev &d) { return d.port.link_layer == IBV_LINK_LAYER_ETHERNET; }
 
-// An address handle to this device (with a GRH on RoCE, where it is required).
-ibv_ah *ah_to_self(Dev &d, ibv_pd *pd) {
-  ibv_ah_attr a{};
-  a.port_num = 1;
-  a.dlid = d.port.lid;
-  if (roce(d)) {
-    a.is_global = 1;
-    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &a.grh.dgid) == 0);
-    a.grh.hop_limit = 1;
-  }
-  return ibv_create_ah(pd, &a);
-}
-
-int send_ud(ibv_qp *qp, uint64_t id, ibv_sge *sge, ibv_ah *ah, uint32_t qpn, uint32_t qkey,
-            ibv_wr_opcode op = IBV_WR_SEND, uint32_t imm = 0) {
-  ibv_send_wr wr{}, *bad;
-  wr.wr_id = id;
-  wr.opcode = op;
-  wr.sg_list = sge;
-  wr.num_sge = sge ? 1 : 0;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htonl(imm);
-  wr.wr.ud.ah = ah;
-  wr.wr.ud.remote_qpn = qpn;
-  wr.wr.ud.remote_qkey = qkey;
-  return ibv_post_send(qp, &wr, &bad);
-}
-
-// Registered memory for a test: a buffer and its MR.
 struct Buf {
   std::vector<uint8_t> b;
   ibv_mr *mr;

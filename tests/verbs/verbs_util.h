@@ -174,6 +174,55 @@ inline int post_send(ibv_qp *qp, uint64_t id, ibv_wr_opcode op, ibv_sge *sge, in
   return ibv_post_send(qp, &wr, &bad);
 }
 
+// UD: a QP taken to RTS with its Q_Key; an address handle to this device
+// (with a GRH on RoCE, where it is required); a signaled datagram.
+inline constexpr uint32_t kQkey = 0x11111111;
+
+inline void ud_to_rts(ibv_qp *qp, uint32_t qkey = kQkey, uint32_t sq_psn = 77) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qkey = qkey;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+  a.qp_state = IBV_QPS_RTR;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = sq_psn;
+  REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+}
+
+inline ibv_ah_attr ah_attr_to_self(Dev &d) {
+  ibv_ah_attr a{};
+  a.port_num = 1;
+  a.dlid = d.port.lid;
+  if (d.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.is_global = 1;
+    REQUIRE(ibv_query_gid(d.ctx, 1, 0, &a.grh.dgid) == 0);
+    a.grh.hop_limit = 1;
+  }
+  return a;
+}
+
+inline ibv_ah *ah_to_self(Dev &d, ibv_pd *pd) {
+  ibv_ah_attr a = ah_attr_to_self(d);
+  return ibv_create_ah(pd, &a);
+}
+
+inline int send_ud(ibv_qp *qp, uint64_t id, ibv_sge *sge, ibv_ah *ah, uint32_t qpn, uint32_t qkey = kQkey,
+                   ibv_wr_opcode op = IBV_WR_SEND, uint32_t imm = 0) {
+  ibv_send_wr wr{}, *bad;
+  wr.wr_id = id;
+  wr.opcode = op;
+  wr.sg_list = sge;
+  wr.num_sge = sge ? 1 : 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(imm);
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = qpn;
+  wr.wr.ud.remote_qkey = qkey;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
 // A responder that detects a remote error NAKs once and moves its QP to
 // ERR, where it drops everything (IBA 9.9): if that NAK is lost
 // (the loss test), the requester's retries time out instead.

@@ -135,6 +135,11 @@ class Nic {
   // end_wait() follows every true, once awake. Thread-safe against recv().
   virtual bool prepare_wait() { return true; }
   virtual void end_wait() {}
+  // Before every sleep on wait_fd(), doorbell or not: a backend whose fd
+  // stays readable until re-armed (libfabric's wait objects: fi_trywait)
+  // re-arms it; false if completions are waiting (then recv() instead).
+  // Thread-safe against recv().
+  virtual bool arm_wait() { return true; }
   // The transport will talk to this peer (a QP reached RTR). Backends that
   // keep per-peer state (an address vector, a neighbour's MAC) prepare it
   // here, off the datapath.
@@ -167,6 +172,7 @@ class NicDecorator : public Nic {
   bool rx_pending() const override { return inner_->rx_pending(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }
+  bool arm_wait() override { return inner_->arm_wait(); }
   void add_peer(Endpoint e) override { inner_->add_peer(e); }
   uint32_t gso_segments() const override { return inner_->gso_segments(); }
   bool same_host(Endpoint e) const override { return inner_->same_host(e); }

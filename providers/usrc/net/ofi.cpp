@@ -34,6 +34,17 @@ class OfiNic final : public Nic {
 
   Endpoint local() const override { return local_; }
   int wait_fd() const override { return wait_fd_; }
+  // The wait fd stays readable until fi_trywait re-arms it: without that
+  // the progress thread's poll never sleeps (it spins, a core taken from
+  // the applications).
+  bool arm_wait() override {
+    if (wait_fd_ < 0) return true;
+    fid *f = &cq_->fid;
+    return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+  }
+  // Completions read off the CQ and not yet handed out (recv()'s caller
+  // took fewer than were there): the wait fd does not show them.
+  bool rx_pending() const override { return !ready_.empty(); }
 
   void add_peer(Endpoint e) override { (void)lookup(e); }
   LocalPeers *local_peers() override { return nullptr; }

@@ -32,7 +32,7 @@ ibv_ah *create_ah(ibv_pd *ibpd, ibv_ah_attr *attr) {
 }
 
 int destroy_ah(ibv_ah *ibah) {
-  to_pd(ibah->pd)->users--;
+  unuse(to_pd(ibah->pd));
   delete to_ah(ibah);
   return 0;
 }

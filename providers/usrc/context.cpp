@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "usrc/boundary.h"
 #include "usrc/common/log.h"
 #include "usrc/common/random.h"
 #include "usrc/usrc.h"
@@ -26,12 +27,10 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
   c->engine_->ud_grh_ipv4 = cfg.link_layer == LinkLayer::roce;
 
   c->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (c->wake_fd_ < 0 ||
-      socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, c->async_fd_) != 0) {
-    *err = std::string("eventfd/socketpair: ") + strerror(errno);
+  if (c->wake_fd_ < 0) {
+    *err = std::string("eventfd: ") + strerror(errno);
     return nullptr;
   }
-  fcntl(c->async_fd_[1], F_SETFL, O_NONBLOCK);
 
   c->watch_netdev();
 
@@ -64,19 +63,46 @@ Context::~Context() {
   }
   engine_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).
-  if (async_fd_[1] >= 0) ::close(async_fd_[1]);
+  // (The read ends belong to libibverbs: verbs_uninit_context closes them.)
+  for (const AsyncSink &s : async_) ::close(s.wfd);
 }
 
-void Context::async_event(void *element, ibv_event_type type) {
+int Context::add_async(ibv_context *to) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv) != 0) return -1;
+  fcntl(sv[1], F_SETFL, O_NONBLOCK);
+  std::lock_guard g(async_mu_);
+  int e = 0;
+  if (!no_throw([&] { async_.push_back({to, sv[1]}); }, &e)) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    errno = e;
+    return -1;
+  }
+  return sv[0];
+}
+
+void Context::remove_async(ibv_context *to) {
+  std::lock_guard g(async_mu_);
+  for (size_t i = 0; i < async_.size(); i++)
+    if (async_[i].ctx == to) {
+      ::close(async_[i].wfd);
+      async_.erase(async_.begin() + long(i));
+      return;
+    }
+}
+
+void Context::async_event(ibv_context *to, void *element, ibv_event_type type) {
   // The record libibverbs reads from async_fd (struct ib_uverbs_async_event_desc).
   struct {
     uint64_t element;
     uint32_t event_type;
     uint32_t reserved;
   } ev{reinterpret_cast<uintptr_t>(element), static_cast<uint32_t>(type), 0};
-  if (send(async_fd_[1], &ev, sizeof ev, MSG_DONTWAIT) != sizeof ev)
-    log().warn("async event {} lost: {}", static_cast<int>(type), strerror(errno));
+  std::lock_guard g(async_mu_);
+  for (const AsyncSink &s : async_)
+    if ((!to || s.ctx == to) && send(s.wfd, &ev, sizeof ev, MSG_DONTWAIT) != sizeof ev)
+      log().warn("async event {} lost: {}", static_cast<int>(type), strerror(errno));
 }
 
 void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
@@ -90,11 +116,16 @@ void Context::qp_event(rc::Qp &qp, rc::QpEvent ev) {
     case rc::QpEvent::sq_drained: t = IBV_EVENT_SQ_DRAINED; break;
     case rc::QpEvent::last_wqe: t = IBV_EVENT_QP_LAST_WQE_REACHED; break;
   }
-  async_event(&static_cast<Qp *>(qp.user)->vqp.qp, t);
+  // (An XRC target's event goes to each of its handles, ibv_open_qp.)
+  // (Each to its handle's context, which may be one of another Context.)
+  const auto to = [t](Qp *h) { impl(h->vqp.qp.context).async_event(h->vqp.qp.context, &h->vqp.qp, t); };
+  Qp *real = static_cast<Qp *>(qp.user);
+  if (!real->closed) to(real);
+  for (Qp *h : real->opened) to(h);
 }
 
 void Context::srq_event(rc::RecvQueue &q) {
-  if (q.user) async_event(&static_cast<Srq *>(q.user)->vsrq.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+  if (auto *s = static_cast<Srq *>(q.user)) async_event(s->vsrq.srq.context, &s->vsrq.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
 }
 
 uint32_t Context::add_mr(Mr *mr) {

@@ -101,7 +101,7 @@ static void withdraw_event(Cq *cq) {
   cq->ring.handled(seq);
 }
 
-void Cq::Events::overflow(rc::Cq &) { cq->ctx->async_event(&cq->vcq.cq, IBV_EVENT_CQ_ERR); }
+void Cq::Events::overflow(rc::Cq &) { cq->ctx->async_event(cq->vcq.cq.context, &cq->vcq.cq, IBV_EVENT_CQ_ERR); }
 
 // domain: a parent domain, whose allocators give the ring's array (if it
 // has them).
@@ -136,7 +136,7 @@ ibv_cq *create_cq(ibv_context *ibctx, int cqe, ibv_comp_channel *channel, int co
 int destroy_cq(ibv_cq *ibcq) {
   Cq *cq = to_cq(ibcq);
   if (cq->qps.load()) return EBUSY;
-  if (cq->domain) cq->domain->users--;
+  if (cq->domain) unuse(cq->domain);
   delete cq;   // (a parent domain's allocator frees the ring's array here)
   return 0;
 }

@@ -46,6 +46,10 @@ static const verbs_context_ops kOps = [] {
   o.destroy_srq = at_boundary<destroy_srq>;
   o.free_dm = at_boundary<free_dm>;
   o.get_srq_num = at_boundary<get_srq_num>;
+  o.import_dm = at_boundary<import_dm>;
+  o.import_mr = at_boundary<import_mr>;
+  o.import_pd = at_boundary<import_pd>;
+  o.open_qp = at_boundary<open_qp>;
   o.open_xrcd = at_boundary<open_xrcd>;
   o.modify_qp = at_boundary<modify_qp>;
   o.modify_srq = at_boundary<modify_srq>;
@@ -63,12 +67,17 @@ static const verbs_context_ops kOps = [] {
   o.req_notify_cq = at_boundary<req_notify_cq>;
   o.rereg_mr = at_boundary<rereg_mr>;
   o.resize_cq = at_boundary<resize_cq>;
+  o.unimport_dm = at_boundary<unimport_dm>;
+  o.unimport_mr = at_boundary<unimport_mr>;
+  o.unimport_pd = at_boundary<unimport_pd>;
   return o;
 }();
 
 static void free_context(ibv_context *ibctx) {
   VerbsContext *c = to_vctx(ibctx);
-  delete c->impl;
+  unregister_context(c);
+  c->impl->remove_async(ibctx);
+  Context::unref(c->impl);   // (the last of the contexts sharing it closes it)
   verbs_uninit_context(&c->vctx);
   free(c);
 }
@@ -79,22 +88,46 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
       _verbs_init_and_alloc_context(ibdev, cmd_fd, sizeof(VerbsContext),
                                     /* offset of vctx: */ nullptr, 0));
   static_assert(offsetof(VerbsContext, vctx) == 0);
-  if (!c) return nullptr;
-  // There is no kernel behind the command fd. Make it read-only /dev/null:
-  // ioctls fail with ENOTTY (so GIDs and pkeys come from sysfs files) and
-  // writes fail with EBADF (so the stock ibv_create_comp_channel fails
-  // cleanly instead of returning a stack value as its fd).
-  int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (ro >= 0) {
-    dup3(ro, cmd_fd, O_CLOEXEC);
-    close(ro);
+  int import_fd;
+  Context *from = importing(&import_fd);
+  if (!c) {
+    if (from) Context::unref(from);
+    return nullptr;
   }
   std::string err;
   // (Out of memory or threads: ENOMEM or EAGAIN, not an exception.)
   int e = ENODEV;
   c->impl = nullptr;
-  if (!no_throw([&] { c->impl = Context::open(*dev->cfg, &err); }, &e)) err.clear();
+  if (from) {
+    // An import (import.cpp): the context shares from's, and its command
+    // fd is the one given (closed with it, as libibverbs' imports do).
+    close(cmd_fd);
+    c->vctx.context.cmd_fd = import_fd;
+    c->impl = from;
+  } else {
+    // There is no kernel behind the command fd. Make it read-only
+    // /dev/null: ioctls fail with ENOTTY (so GIDs and pkeys come from sysfs
+    // files) and writes fail with EBADF (so the stock
+    // ibv_create_comp_channel fails cleanly instead of returning a stack
+    // value as its fd). A fresh open for each context: the open file names
+    // the context (ibv_import_device).
+    int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (ro >= 0) {
+      dup3(ro, cmd_fd, O_CLOEXEC);
+      close(ro);
+    }
+    if (!no_throw([&] { c->impl = Context::open(*dev->cfg, &err); }, &e)) err.clear();
+  }
+  const int afd = c->impl ? c->impl->add_async(&c->vctx.context) : -1;
+  if (c->impl && afd < 0) {
+    e = errno;
+    err = std::string("async event socket: ") + strerror(e);
+    Context::unref(c->impl);
+    c->impl = nullptr;
+  }
   if (!c->impl) {
+    // (A failed import leaves the caller its fd.)
+    if (from) c->vctx.context.cmd_fd = -1;
     // An empty message: a refusal that is expected (see net/ofi.cpp).
     if (!err.empty()) {
       log().error("{}: {}", dev->cfg->name, err);
@@ -105,7 +138,7 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
     errno = e;
     return nullptr;
   }
-  c->vctx.context.async_fd = c->impl->async_read_fd();
+  c->vctx.context.async_fd = afd;
   c->vctx.context.num_comp_vectors = 1;
   verbs_set_ops(&c->vctx, &kOps);
   // free_context is called by ibv_close_device; it is not in the table above
@@ -113,6 +146,7 @@ static verbs_context *alloc_context(ibv_device *ibdev, int cmd_fd, void *) {
   verbs_context_ops fc{};
   fc.free_context = at_boundary<free_context>;
   verbs_set_ops(&c->vctx, &fc);
+  register_context(c);
   return &c->vctx;
 }
 
@@ -175,7 +209,7 @@ extern "C" const verbs_device_ops usrc_device_ops = {
     .static_providers = nullptr,
     .match_device = match_device,
     .alloc_context = at_boundary<alloc_context>,
-    .import_context = nullptr,
+    .import_context = at_boundary<import_context>,
     .alloc_device = at_boundary<alloc_device_ops>,
     .uninit_device = uninit_device,
 };

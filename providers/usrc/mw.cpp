@@ -57,7 +57,7 @@ int dealloc_mw(ibv_mw *mw) {
     std::lock_guard g(c.engine().mu);
     unbind(c, w);
   }
-  to_pd(mw->pd)->users--;
+  unuse(to_pd(mw->pd));
   delete w;
   return 0;
 }
@@ -76,6 +76,7 @@ static WcStatus bind(Context &c, const Qp &qp, Mw *w, uint32_t rkey, const ibv_m
       (type2 && (w->mr || !b.length)))
     return WcStatus::mw_bind_err;
   Mr *mr = b.mr ? to_mr(b.mr) : nullptr;
+  if (mr && mr->origin) mr = mr->origin;   // (an imported MR: the MR it names)
   if (b.length) {
     if (!mr || mr->mw || mr->pd != pd || !(mr->access & IBV_ACCESS_MW_BIND) || !mr->range(b.addr, b.length) ||
         (b.mw_access_flags & ~(kRemote | IBV_ACCESS_LOCAL_WRITE)) ||   // (zero-based windows: no)

@@ -53,16 +53,16 @@ void Context::netdev_events() {
     if (auto up = link_running(h, ifindex_)) {
       if (*up != port_up_.exchange(*up)) {
         log().info("{}: port {}", cfg_.name, *up ? "ACTIVE" : "DOWN");
-        async_event(reinterpret_cast<void *>(1), *up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+        async_event(nullptr, reinterpret_cast<void *>(1), *up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
       }
     } else if (address_changed(h, ifindex_)) {
-      async_event(reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
+      async_event(nullptr, reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
     }
   };
   // Notifications lost to an overflow: ask for the link again, and say the
   // addresses may have changed (a few times at most under a storm).
   for (int i = 0; i < 4 && !nl_.read(each); i++) {
-    async_event(reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
+    async_event(nullptr, reinterpret_cast<void *>(1), IBV_EVENT_GID_CHANGE);
     ifinfomsg ifi{};
     ifi.ifi_index = int(ifindex_);
     if (!ifindex_ || !nl_.request(RTM_GETLINK, 0, &ifi, sizeof ifi)) break;

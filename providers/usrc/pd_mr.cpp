@@ -7,14 +7,27 @@
 #include <cstring>
 #include <new>
 
+#include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
 
-ibv_pd *alloc_pd(ibv_context *) {
+ibv_pd *alloc_pd(ibv_context *ibctx) {
   auto *pd = new (std::nothrow) Pd{};
-  if (!pd) errno = ENOMEM;
-  return pd ? &pd->pd : nullptr;
+  int e = ENOMEM;
+  if (!pd || !no_throw([&] { pd->pd.handle = impl(ibctx).add_handle(pd); }, &e)) {
+    delete pd;
+    errno = e;
+    return nullptr;
+  }
+  return &pd->pd;
+}
+
+void unuse(Pd *pd) {
+  if (pd->users.fetch_sub(1) == 1 && pd->imported) {
+    unuse(pd->over);
+    delete pd;
+  }
 }
 
 // A parent domain's allocators (IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS):
@@ -44,14 +57,23 @@ struct PdAllocators final : rc::BufferSource {
 
 rc::BufferSource *Pd::buffers() const { return allocators; }
 
+// (A PD with parent domains or imports on it counts them as users.) An
+// imported PD's deallocation ends its import only: the PD it names is its
+// allocator's to deallocate (docs/design.md).
 int dealloc_pd(ibv_pd *ibpd) {
   Pd *pd = to_pd(ibpd);
-  // (A PD with parent domains on it counts them as users.)
-  if (pd->users.load()) return EBUSY;
+  if (pd->imported) {
+    if (pd->users.load() > 1) return EBUSY;
+    unuse(pd);
+    return 0;
+  }
   if (pd->parent()) {
-    pd->base->users--;
+    if (pd->users.load()) return EBUSY;
+    unuse(pd->over);
     if (pd->td) pd->td->users--;
     delete pd->allocators;
+  } else if (!impl(ibpd->context).remove_unused(pd)) {
+    return EBUSY;
   }
   delete pd;
   return 0;
@@ -78,8 +100,8 @@ int dealloc_td(ibv_td *ibtd) {
   return 0;
 }
 
-// A parent domain over attr->pd, a PD (not a parent domain) of this
-// context; a thread domain of this context, if any.
+// A parent domain over attr->pd, a PD (not a parent domain; an imported
+// one is a PD) of this context; a thread domain of this context, if any.
 ibv_pd *alloc_parent_domain(ibv_context *ibctx, ibv_parent_domain_init_attr *attr) {
   constexpr uint32_t kKnown = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
   const bool with_alloc = attr && (attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS);
@@ -104,8 +126,9 @@ ibv_pd *alloc_parent_domain(ibv_context *ibctx, ibv_parent_domain_init_attr *att
   // (libibverbs' ibv_alloc_parent_domain fills nothing in.)
   pd->pd.context = ibctx;
   pd->pd.handle = attr->pd->handle;
-  pd->base = to_pd(attr->pd);
-  pd->base->users++;
+  pd->over = to_pd(attr->pd);
+  pd->base = pd->over->base;
+  pd->over->users++;
   if (attr->td) {
     pd->td = to_td(attr->td);
     pd->td->users++;
@@ -205,6 +228,13 @@ ibv_dm *alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr) {
   dm->mem = static_cast<uint8_t *>(mem);
   dm->length = attr->length;
   dm->dm.context = ibctx;
+  int e = ENOMEM;
+  if (!no_throw([&] { dm->dm.handle = impl(ibctx).add_handle(dm); }, &e)) {
+    free(mem);
+    delete dm;
+    errno = e;
+    return nullptr;
+  }
   // Device memory is copied in 4-byte units, as the devices that have it
   // require: an offset or length not a multiple of 4 is EINVAL.
   dm->dm.memcpy_to_dm = [](ibv_dm *d, uint64_t off, const void *src, size_t len) {
@@ -222,9 +252,14 @@ ibv_dm *alloc_dm(ibv_context *ibctx, ibv_alloc_dm_attr *attr) {
   return &dm->dm;
 }
 
+// An imported DM's free ends its import only (as dealloc_pd's).
 int free_dm(ibv_dm *d) {
   Dm *dm = reinterpret_cast<Dm *>(d);
-  if (dm->mrs.load()) return EBUSY;
+  if (dm->origin) {
+    unimport_dm(d);
+    return 0;
+  }
+  if (!impl(d->context).remove_unused(dm)) return EBUSY;
   free(dm->mem);
   delete dm;
   return 0;
@@ -233,6 +268,7 @@ int free_dm(ibv_dm *d) {
 // Device memory MRs are zero based (man ibv_reg_dm_mr): iova 0 is offset.
 ibv_mr *reg_dm_mr(ibv_pd *ibpd, ibv_dm *d, uint64_t offset, size_t length, unsigned int access) {
   Dm *dm = reinterpret_cast<Dm *>(d);
+  if (dm->origin) dm = dm->origin;   // (an import's MRs are its origin's)
   if (!(access & IBV_ACCESS_ZERO_BASED) || (access & IBV_ACCESS_ON_DEMAND)) {
     errno = EINVAL;
     return nullptr;
@@ -268,7 +304,7 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
   const auto refuse = [](int e) { return errno = e; };
   const int new_access = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? access : static_cast<int>(mr->access);
   Pd *new_pd = (flags & IBV_REREG_MR_CHANGE_PD) ? (ibpd ? to_pd(ibpd) : nullptr) : mr->on;
-  if (mr->dm || !new_pd || ((flags & IBV_REREG_MR_CHANGE_PD) && ibpd->context != vmr->ibmr.context))
+  if (mr->dm || mr->origin || !new_pd || ((flags & IBV_REREG_MR_CHANGE_PD) && ibpd->context != vmr->ibmr.context))
     return refuse(EINVAL);
   if (new_access & ~kMrAccess) return refuse(EOPNOTSUPP);
   if ((new_access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(new_access & IBV_ACCESS_LOCAL_WRITE))
@@ -293,7 +329,7 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
     mr->odp = new_access & IBV_ACCESS_ON_DEMAND;
     vmr->access = new_access;
     if (new_pd != mr->on) {
-      mr->on->users--;
+      unuse(mr->on);
       new_pd->users++;
       mr->on = new_pd;
       mr->pd = new_pd->base;
@@ -305,20 +341,25 @@ int rereg_mr(verbs_mr *vmr, int flags, ibv_pd *ibpd, void *addr, size_t length, 
   return 0;
 }
 
+// An imported MR's deregistration ends its import only (as dealloc_pd's).
 int dereg_mr(verbs_mr *vmr) {
   Mr *mr = reinterpret_cast<Mr *>(vmr);
+  if (mr->origin) {
+    unimport_mr(&vmr->ibmr);
+    return 0;
+  }
   Context &c = impl(vmr->ibmr.context);
   {
     // After this no packet can reach the memory: the responder resolves
     // rkeys under the same lock. Not while memory windows are bound to it
     // (man ibv_dereg_mr).
     std::lock_guard g(c.engine().mu);
-    if (mr->windows) return EBUSY;
+    if (mr->windows || mr->imports.load()) return EBUSY;
     c.remove_mr(vmr->ibmr.lkey);
     c.engine().invalidate_lkey(vmr->ibmr.lkey);   // (posted WQEs must not write into it)
     c.engine().local_peers().withdraw(vmr->ibmr.lkey);   // (waits for a peer writing into it)
   }
-  mr->on->users--;
+  unuse(mr->on);
   if (mr->dm) mr->dm->mrs--;
   delete mr;
   return 0;

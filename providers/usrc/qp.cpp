@@ -100,12 +100,18 @@ static ibv_qp *make_qp(ibv_context *ibctx, ibv_pd *ibpd, ibv_qp_init_attr *ia, X
   if (xrcd) {
     qp->vqp.xrcd = &xrcd->vx;
     qp->vqp.comp_mask |= VERBS_QP_XRCD;
+    qp->xrcd = xrcd;
     xrcd->users++;
   }
   if (ibpd) to_pd(ibpd)->users++;
   if (ia->send_cq) to_cq(ia->send_cq)->qps++;
   if (ia->recv_cq) to_cq(ia->recv_cq)->qps++;
   if (srq) srq->qps++;
+  if (tgt && !add_tgt(qp)) {   // (out of memory)
+    destroy_qp(&q);
+    errno = ENOMEM;
+    return nullptr;
+  }
   return &q;
 }
 
@@ -160,19 +166,25 @@ ibv_qp *create_qp_ex(ibv_context *ibctx, ibv_qp_init_attr_ex *ia) {
 
 int destroy_qp(ibv_qp *ibqp) {
   Qp *qp = to_qp(ibqp);
+  // (An XRC target's handle: the QP goes with its last one, xrc.cpp.)
+  if (ibqp->qp_type == IBV_QPT_XRC_RECV) return close_tgt_handle(qp);
+  destroy_qp_now(qp);
+  return 0;
+}
+
+void destroy_qp_now(Qp *qp) {
+  ibv_qp *ibqp = &qp->vqp.qp;
   rc::QpStorage back;   // (the allocators' arrays: freed at the end, outside the lock)
   {
     std::lock_guard g(qp->ctx->engine().mu);
     qp->ctx->engine().destroy_qp(qp->t, &back);
   }
   qp->ctx->kick();   // a lingering QP has a timer
-  if (ibqp->pd) to_pd(ibqp->pd)->users--;
+  if (ibqp->pd) unuse(to_pd(ibqp->pd));
   if (ibqp->send_cq) to_cq(ibqp->send_cq)->qps--;
   if (ibqp->recv_cq) to_cq(ibqp->recv_cq)->qps--;
-  if (qp->vqp.comp_mask & VERBS_QP_XRCD) to_xrcd(&qp->vqp.xrcd->xrcd)->users--;
   if (ibqp->srq) to_srq(ibqp->srq)->qps--;
   delete qp;
-  return 0;
 }
 
 static bool ipv4_mapped(const ibv_gid &g, uint32_t *ip) {
@@ -236,7 +248,7 @@ void path_of(const ibv_ah_attr &ah, uint8_t *tos, uint8_t *ttl, uint16_t *sport)
 static uint32_t mtu_bytes(ibv_mtu m) { return 128u << m; }
 
 int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
-  Qp *qp = to_qp(ibqp);
+  Qp *qp = to_qp(ibqp)->real;   // (an XRC target's handle: the QP's state)
   Context &c = *qp->ctx;
   const DeviceConfig &cfg = c.cfg();
   std::unique_lock g(c.engine().mu);
@@ -334,7 +346,7 @@ int modify_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int mask) {
 }
 
 int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
-  Qp *qp = to_qp(ibqp);
+  Qp *qp = to_qp(ibqp)->real;
   std::lock_guard g(qp->ctx->engine().mu);
   *attr = qp->attr;
   // The transport may have moved the QP to ERR on its own.

@@ -94,7 +94,7 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
     int err = ENOMEM;
     if (!no_throw([&] { e.add_xrc_srq(n, {&srq->q, &to_cq(ia->cq)->ring, prot_pd(ia->pd), x->dom}); }, &err)) {
       e.remove_srq(&srq->q);
-      to_pd(ia->pd)->users--;
+      unuse(to_pd(ia->pd));
       delete srq;
       errno = err;
       return nullptr;
@@ -153,7 +153,7 @@ int destroy_srq(ibv_srq *ibsrq) {
     to_xrcd(&srq->vsrq.xrcd->xrcd)->users--;
     to_cq(srq->vsrq.cq)->qps--;
   }
-  to_pd(ibsrq->pd)->users--;
+  unuse(to_pd(ibsrq->pd));
   delete srq;
   return 0;
 }

@@ -45,15 +45,24 @@ struct PdAllocators;   // pd_mr.cpp
 // ibv_pd of its own over a PD (base), with an optional thread domain and
 // the application's allocators. Protection is the base's: keys, AHs and
 // QPs of a parent domain and of its PD are of one domain (compare bases).
+//
+// An imported PD (ibv_import_pd) is an ibv_pd of its own too, of the
+// importing context, over the PD whose handle it named (base and over):
+// the same protection. It counts as a user of that PD, which is not
+// deallocated under it (EBUSY), and its import is one of its own users:
+// ibv_unimport_pd ends that use, and it is freed when its last user goes
+// (objects made on it may outlive the import, as with the kernel's handles).
 struct Pd {
   ibv_pd pd;
   // MRs, QPs, SRQs, AHs using it; a parent domain's CQs; the parent
-  // domains on a PD.
+  // domains and imports on a PD; an imported PD's import.
   std::atomic<uint32_t> users{0};
   Pd *base = this;                  // the PD whose protection it has
+  Pd *over = nullptr;               // a parent domain's or import's PD (a use of it)
   Td *td = nullptr;                 // a parent domain's, if any
   PdAllocators *allocators = nullptr;   // a parent domain's, if it has them
-  bool parent() const { return base != this; }
+  bool imported = false;            // from ibv_import_pd
+  bool parent() const { return base != this && !imported; }
   // Where the arrays of the objects created on it come from (nullptr:
   // the heap).
   rc::BufferSource *buffers() const;
@@ -67,7 +76,13 @@ struct Mr {
   uint64_t iova;
   uint64_t length;
   uint32_t access;
-  struct Dm *dm;               // the device memory it maps, if any
+  struct Dm *dm;               // the device memory it maps, if any (never an import)
+  // An imported MR (ibv_import_mr): an ibv_mr of the importing PD with the
+  // keys of the MR it names (origin), which counts its imports and is not
+  // deregistered under them (EBUSY). Work requests and peers reach the
+  // origin through the keys; the import is only a handle.
+  Mr *origin = nullptr;
+  std::atomic<uint32_t> imports{0};
   bool odp;                    // IBV_ACCESS_ON_DEMAND: nothing is pinned or
                                // assumed mapped; each access checks first
   // A memory window's view of its MR (Mw::view): in the MR table under the
@@ -102,11 +117,16 @@ struct Mw {
 
 // Device memory (ibv_alloc_dm): memory of the provider, reached only
 // through ibv_memcpy_to/from_dm and MRs made with ibv_reg_dm_mr.
+// An imported DM (ibv_import_dm) is an ibv_dm of the importing context
+// over the same memory; its origin counts it and is not freed under it
+// (EBUSY). MRs on either count on the origin.
 struct Dm {
   ibv_dm dm;
   uint8_t *mem;
   size_t length;
   std::atomic<uint32_t> mrs{0};
+  Dm *origin = nullptr;
+  std::atomic<uint32_t> imports{0};
 };
 constexpr size_t kMaxDmSize = 1 << 20;
 
@@ -121,10 +141,13 @@ struct Ah {
 // A shared receive queue (srq.cpp): its WQEs are the transport's
 // (rc::RecvQueue), taken by the QPs created on it.
 // An XRC domain (xrc.cpp): shared by the opens of one file in this process.
+struct Qp;
 struct XrcDomain {
   std::pair<dev_t, ino_t> inode{};
   bool shared = false;   // opened on a file (by_inode has it)
   int opens = 0;
+  // Its target QPs by number, for ibv_open_qp (guarded by xrc.cpp's lock).
+  std::unordered_map<uint32_t, Qp *> tgts;
 };
 struct Xrcd {
   verbs_xrcd vx;               // first: ibv_xrcd* converts to Xrcd*
@@ -184,18 +207,38 @@ struct Qp {
   std::vector<PendingWr> batch;   // grows to the largest batch, then reused
   size_t nbatch = 0;
   int batch_err = 0;              // the first builder error, reported by wr_complete
+  // An XRC target's handles (ibv_open_qp, xrc.cpp). Every handle is a Qp;
+  // the one the QP was created through (real) holds its state (t, attr,
+  // init) and lives while any handle does: destroying a handle closes it,
+  // the last one destroys the QP, as the kernel's shared QPs. Guarded by
+  // the engine's lock of real->ctx, the context the QP lives in.
+  Qp *real = this;
+  std::vector<Qp *> opened;       // real's: the other live handles
+  bool closed = false;            // real's: its own handle was destroyed
+  Xrcd *xrcd = nullptr;           // the XRC domain this handle is of (its use)
 };
 
-// Everything of one ibv_context that is not libibverbs' own: the engine, its
+// Everything of one ibv_context (and of those imported from it) that is not libibverbs' own: the engine, its
 // progress thread, the MR table, the async event socket, the counters.
 class Context final : public rc::MemoryAccess, public rc::EngineHooks {
  public:
   static Context *open(const DeviceConfig &cfg, std::string *err);
-  ~Context();
+  ~Context();   // (through unref, once open)
+  // Shared by the ibv_contexts of one open (ibv_import_device) and held by
+  // the handles other contexts opened on its XRC targets: the last unref
+  // closes it.
+  void ref() { refs_.fetch_add(1); }
+  static void unref(Context *c) {
+    if (c->refs_.fetch_sub(1) == 1) delete c;
+  }
 
   rc::Engine &engine() { return *engine_; }
   const DeviceConfig &cfg() const { return cfg_; }
-  int async_read_fd() const { return async_fd_[0]; }
+  // Each ibv_context on it reads its own async events: the read end of a
+  // socket pair added for it (-1 on failure, errno set), removed when it
+  // closes (libibverbs closes the read end).
+  int add_async(ibv_context *to);
+  void remove_async(ibv_context *to);
 
   // Wakes the progress thread if the engine now has an earlier timer than
   // the one it sleeps for. Call after releasing engine().mu.
@@ -218,7 +261,9 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // progress_loop). A completion made at post time (a placed RDMA WRITE)
   // came without a pass: receive now, as an empty poll would.
   void found_completions();
-  void async_event(void *element, ibv_event_type type);
+  // An event of an object of `to`, or (to == nullptr) of the port, for
+  // every ibv_context on this one.
+  void async_event(ibv_context *to, void *element, ibv_event_type type);
   // The port follows the netdev: ACTIVE while it is up and running.
   bool port_up() const { return port_up_.load(std::memory_order_relaxed); }
 
@@ -232,6 +277,27 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   void put_mr(uint32_t key, Mr *mr) { mrs_[key] = mr; }   // (a key new_mw_key drew)
   uint32_t new_mw_key();
 
+  // Handles of PDs and DMs (ibv_import_pd/dm name them; an MR's is its
+  // key): unique in the process while they live.
+  uint32_t add_handle(Pd *pd) { return add_handle(pds_, pd); }
+  uint32_t add_handle(Dm *dm) { return add_handle(dms_, dm); }
+  // Removed with the object, unless it is in use (then false: EBUSY), in
+  // one step with imports, which take a use under the same lock.
+  bool remove_unused(Pd *pd) {
+    std::lock_guard g(handles_mu_);
+    if (pd->users.load()) return false;
+    pds_.erase(pd->pd.handle);
+    return true;
+  }
+  bool remove_unused(Dm *dm) {
+    std::lock_guard g(handles_mu_);
+    if (dm->mrs.load() || dm->imports.load()) return false;
+    dms_.erase(dm->dm.handle);
+    return true;
+  }
+  template <class F> auto with_pd(uint32_t h, F f) { return with(pds_, h, f); }
+  template <class F> auto with_dm(uint32_t h, F f) { return with(dms_, h, f); }
+
   uint8_t *resolve(const void *pd, uint32_t qpn, uint32_t rkey, uint64_t va, uint64_t len,
                    uint32_t access) override;
   bool invalidate(const void *pd, uint32_t qpn, uint32_t rkey) override;
@@ -241,6 +307,34 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
  private:
   Context() = default;
   void progress_loop();
+  std::atomic<int> refs_{1};
+  template <class T>
+  uint32_t add_handle(std::unordered_map<uint32_t, T *> &m, T *p) {
+    // (Drawn from one count for the process: a handle of another context
+    // names nothing here, unless that context was imported from this one.)
+    static std::atomic<uint32_t> next{0};
+    std::lock_guard g(handles_mu_);
+    for (;;) {
+      const uint32_t h = next.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (h && m.emplace(h, p).second) return h;
+    }
+  }
+  // f(the object of handle h, or nullptr), under the handles' lock.
+  template <class T, class F>
+  auto with(std::unordered_map<uint32_t, T *> &m, uint32_t h, F f) {
+    std::lock_guard g(handles_mu_);
+    auto it = m.find(h);
+    return f(it == m.end() ? nullptr : it->second);
+  }
+  std::mutex handles_mu_;
+  std::unordered_map<uint32_t, Pd *> pds_;
+  std::unordered_map<uint32_t, Dm *> dms_;
+  struct AsyncSink {
+    ibv_context *ctx;
+    int wfd;
+  };
+  std::mutex async_mu_;
+  std::vector<AsyncSink> async_;
 
   DeviceConfig cfg_;
   OwnCounters counters_;   // (outlives the engine, which counts into it)
@@ -261,7 +355,6 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<bool> port_up_{true};
   void watch_netdev();     // netdev_watch.cpp: opens nl_fd_, reads the port state
   void netdev_events();    // reads nl_fd_; raises the port's events
-  int async_fd_[2] = {-1, -1};
   std::unordered_map<uint32_t, Mr *> mrs_;
   uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet
   // The MR found last (a stream posts from the same one, WR after WR).
@@ -283,6 +376,9 @@ inline Cq *to_cq(ibv_cq *c) { return reinterpret_cast<Cq *>(c); }
 inline Qp *to_qp(ibv_qp *q) { return reinterpret_cast<Qp *>(q); }
 inline Qp *to_qp(ibv_qp_ex *q) { return reinterpret_cast<Qp *>(q); }
 inline Pd *to_pd(ibv_pd *p) { return reinterpret_cast<Pd *>(p); }
+// Ends one use of a PD (users); frees an imported PD whose import has ended
+// and whose last user this was (pd_mr.cpp).
+void unuse(Pd *pd);
 // The protection domain of a PD or parent domain (what MRs, AHs and QPs
 // are checked against).
 // (None for an XRC target, which has no PD of its own.)
@@ -360,6 +456,28 @@ int check_send_wr(const Qp *qp, const ibv_send_wr &wr);
 int post_send_locked(Qp *qp, ibv_send_wr *wr, ibv_send_wr **bad);
 ibv_mw *alloc_mw(ibv_pd *, ibv_mw_type);
 ibv_xrcd *open_xrcd(ibv_context *, ibv_xrcd_init_attr *);
+// xrc.cpp: ibv_open_qp, and the target QPs' registry.
+ibv_qp *open_qp(ibv_context *, ibv_qp_open_attr *);
+bool add_tgt(Qp *qp);                      // a new target QP (make_qp); false: ENOMEM
+// ibv_destroy_qp of a target's handle: the QP goes with the last one.
+int close_tgt_handle(Qp *qp);
+// qp.cpp: a QP's destruction (the engine's, its uses, the object).
+void destroy_qp_now(Qp *qp);
+// import.cpp: the live contexts (for ibv_import_device, which names one
+// by its command fd); the import alloc_context is making on this thread
+// (the Context to share, a reference taken for it, and the fd the new
+// context takes; nullptr if none); the device op import_context.
+void register_context(VerbsContext *c);
+void unregister_context(VerbsContext *c);
+Context *importing(int *fd);
+verbs_context *import_context(ibv_device *, int cmd_fd);
+// ibv_import_pd/mr/dm and their unimports.
+ibv_pd *import_pd(ibv_context *, uint32_t handle);
+void unimport_pd(ibv_pd *);
+ibv_mr *import_mr(ibv_pd *, uint32_t handle);
+void unimport_mr(ibv_mr *);
+ibv_dm *import_dm(ibv_context *, uint32_t handle);
+void unimport_dm(ibv_dm *);
 int close_xrcd(ibv_xrcd *);
 int get_srq_num(ibv_srq *, uint32_t *);
 int dealloc_mw(ibv_mw *);

@@ -4,6 +4,12 @@
 // domain, as the kernel shares one between processes; usrc has no kernel,
 // so the domain, and the targets and SRQs in it, are this process's, and a
 // target reaches the SRQs of its own context (docs/design.md).
+//
+// A target QP can be opened again by its number (ibv_open_qp) from any
+// context of this process with an XRC domain on the same file: a handle of
+// that context on the QP, which stays in the context that created it. As
+// the kernel's shared QPs, every handle may modify, query and destroy it,
+// gets its async events, and the QP is destroyed with its last handle.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -11,7 +17,9 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <vector>
 
+#include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
 namespace usrc {
@@ -82,6 +90,92 @@ int close_xrcd(ibv_xrcd *ibx) {
     }
   }
   delete x;
+  return 0;
+}
+
+bool add_tgt(Qp *qp) {
+  Domains &d = domains();
+  std::lock_guard g(d.mu);
+  int e = 0;
+  return no_throw([&] { qp->xrcd->dom->tgts[qp->vqp.qp.qp_num] = qp; }, &e);
+}
+
+ibv_qp *open_qp(ibv_context *ibctx, ibv_qp_open_attr *a) {
+  constexpr uint32_t kNeeded = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+  auto fail = [](int e) -> ibv_qp * {
+    errno = e;
+    return nullptr;
+  };
+  // (libibverbs' rules for the mask: unknown bits EOPNOTSUPP, a missing
+  // field EINVAL.)
+  if (!a) return fail(EINVAL);
+  if (a->comp_mask >= IBV_QP_OPEN_ATTR_RESERVED) return fail(EOPNOTSUPP);
+  if ((a->comp_mask & kNeeded) != kNeeded || !a->xrcd || a->xrcd->context != ibctx ||
+      a->qp_type != IBV_QPT_XRC_RECV)
+    return fail(EINVAL);
+  Xrcd *x = to_xrcd(a->xrcd);
+  auto *h = new (std::nothrow) Qp{};
+  if (!h) return fail(ENOMEM);
+  Qp *real = nullptr;
+  {
+    Domains &d = domains();
+    std::lock_guard g(d.mu);
+    auto it = x->dom->tgts.find(a->qp_num);
+    if (it == x->dom->tgts.end()) {
+      delete h;
+      return fail(EINVAL);   // no target of that number in the domain
+    }
+    real = it->second;
+    std::lock_guard ge(real->ctx->engine().mu);
+    int e = 0;
+    if (!no_throw([&] { real->opened.push_back(h); }, &e)) {
+      delete h;
+      return fail(e);
+    }
+    // (The QP's context lives while the handle does, though the one that
+    // created it be closed.)
+    real->ctx->ref();
+  }
+  x->users++;
+  h->real = real;
+  h->ctx = real->ctx;
+  h->t = real->t;
+  h->xrcd = x;
+  h->vqp.xrcd = &x->vx;
+  h->vqp.comp_mask = VERBS_QP_XRCD;
+  ibv_qp &q = h->vqp.qp;
+  q.context = ibctx;
+  q.qp_context = (a->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? a->qp_context : nullptr;
+  q.qp_num = a->qp_num;
+  q.qp_type = IBV_QPT_XRC_RECV;
+  q.state = IBV_QPS_UNKNOWN;   // (as libibverbs' opens: query_qp tells)
+  pthread_mutex_init(&q.mutex, nullptr);
+  pthread_cond_init(&q.cond, nullptr);
+  return &q;
+}
+
+int close_tgt_handle(Qp *h) {
+  Qp *real = h->real;
+  Context *owner = real->ctx;
+  bool last;
+  {
+    Domains &d = domains();
+    std::lock_guard g(d.mu);
+    {
+      std::lock_guard ge(owner->engine().mu);
+      if (h == real) real->closed = true;
+      else std::erase(real->opened, h);
+      last = real->closed && real->opened.empty();
+    }
+    // (No more opens of it: the domain outlives the QP, as the handle's
+    // use of its XRC domain is given up last.)
+    if (last) h->xrcd->dom->tgts.erase(real->vqp.qp.qp_num);
+  }
+  Xrcd *x = h->xrcd;
+  if (h != real) delete h;
+  if (last) destroy_qp_now(real);
+  x->users--;
+  if (h != real) Context::unref(owner);   // (after the QP's destruction in it)
   return 0;
 }
 

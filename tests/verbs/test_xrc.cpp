@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "verbs_util.h"
@@ -104,6 +105,26 @@ struct XrcPair {
     return w[0];
   }
 };
+
+constexpr uint32_t kOpenMask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+
+ibv_qp *open_tgt(ibv_context *ctx, ibv_xrcd *x, uint32_t qpn, void *qp_context = nullptr,
+                 uint32_t mask = kOpenMask | IBV_QP_OPEN_ATTR_CONTEXT, ibv_qp_type type = IBV_QPT_XRC_RECV) {
+  ibv_qp_open_attr a{};
+  a.comp_mask = mask;
+  a.qp_num = qpn;
+  a.xrcd = x;
+  a.qp_context = qp_context;
+  a.qp_type = type;
+  return ibv_open_qp(ctx, &a);
+}
+
+ibv_qp_state state_of(ibv_qp *qp) {
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  REQUIRE(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0);
+  return a.qp_state;
+}
 
 }  // namespace
 
@@ -288,4 +309,189 @@ TEST_CASE("XRC: an SRQ and its CQ destroyed under the target that served them; t
   CHECK(ibv_destroy_srq(s2) == 0);
   CHECK(ibv_destroy_cq(cq2) == 0);
   CHECK(ibv_close_xrcd(x) == 0);
+}
+
+TEST_CASE("ibv_open_qp: a target's handles in its context and in another; each modifies, queries and gets its events; the QP lives while any handle does", "[verbs][xrc]") {
+  TempFile f;
+  auto d = std::make_unique<Dev>();   // the target's context, closed before its last handle
+  Dev d2;                             // another context of this process
+  ibv_xrcd *x = open_xrcd(*d, f.fd, O_CREAT), *x2 = open_xrcd(d2, f.fd, 0);   // (one domain)
+  REQUIRE(x);
+  REQUIRE(x2);
+  ibv_cq *cq = ibv_create_cq(d->ctx, 64, nullptr, nullptr, 0), *cq2 = ibv_create_cq(d2.ctx, 64, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  REQUIRE(cq2);
+  ibv_srq *srq = xrc_srq(*d, x, cq);
+  REQUIRE(srq);
+  uint32_t srqn;
+  REQUIRE(ibv_get_srq_num(srq, &srqn) == 0);
+  ibv_qp *tgt = xrc_qp(*d, IBV_QPT_XRC_RECV, nullptr, x), *ini = xrc_qp(d2, IBV_QPT_XRC_SEND, cq2, nullptr);
+  REQUIRE(tgt);
+  REQUIRE(ini);
+  const uint32_t n = tgt->qp_num;
+  int m1, m2;
+  ibv_qp *h1 = open_tgt(d->ctx, x, tgt->qp_num, &m1), *h2 = open_tgt(d2.ctx, x2, tgt->qp_num, &m2);
+  REQUIRE(h1);
+  REQUIRE(h2);
+  CHECK(h1 != tgt);
+  CHECK(h1->qp_num == tgt->qp_num);
+  CHECK(h1->qp_type == IBV_QPT_XRC_RECV);
+  CHECK(h1->qp_context == &m1);
+  CHECK(h1->context == d->ctx);
+  CHECK(h1->pd == nullptr);
+  CHECK(h2->context == d2.ctx);
+  CHECK(h2->qp_context == &m2);
+
+  // One QP whichever handle takes it through its states.
+  Params p;
+  p.retry = getenv("USRC_TEST_LOSSY") ? 7 : 1;
+  REQUIRE(to_init(h1, 0) == 0);
+  REQUIRE(to_rtr(d2, h2, ini->qp_num, p) == 0);
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  REQUIRE(ibv_query_qp(tgt, &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi) == 0);
+  CHECK(qa.qp_state == IBV_QPS_RTR);
+  CHECK(qa.dest_qp_num == ini->qp_num);
+  CHECK(state_of(h1) == IBV_QPS_RTR);
+  REQUIRE(to_init(ini, 0) == 0);
+  REQUIRE(to_rtr(d2, ini, tgt->qp_num, p) == 0);
+  REQUIRE(to_rts(ini, p) == 0);
+
+  std::vector<uint8_t> src(300, 3), dst(300, 0);
+  ibv_mr *ms = ibv_reg_mr(d2.pd, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr *md = ibv_reg_mr(d->pd, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+  REQUIRE(ms);
+  REQUIRE(md);
+  auto send = [&](uint64_t id) {
+    ibv_sge rs{uintptr_t(dst.data()), 300, md->lkey}, ss{uintptr_t(src.data()), 300, ms->lkey};
+    ibv_recv_wr rw = recv_wr(id, &rs, 1), *rbad;
+    REQUIRE(ibv_post_srq_recv(srq, &rw, &rbad) == 0);
+    ibv_send_wr wr{}, *bad;
+    wr.wr_id = id;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = &ss;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.qp_type.xrc.remote_srqn = srqn;
+    REQUIRE(ibv_post_send(ini, &wr, &bad) == 0);
+    auto w = poll(cq2, 1);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].status == IBV_WC_SUCCESS);
+    auto r = poll(cq, 1);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].wr_id == id);
+  };
+  send(1);
+  // The first request established it: an event for each handle, in its
+  // own context.
+  ibv_async_event ev;
+  std::vector<ibv_qp *> got;
+  for (int i = 0; i < 2 && next_async_event(*d, &ev); i++) {
+    CHECK(ev.event_type == IBV_EVENT_COMM_EST);
+    got.push_back(ev.element.qp);
+  }
+  std::sort(got.begin(), got.end());
+  std::vector<ibv_qp *> want{tgt, h1};
+  std::sort(want.begin(), want.end());
+  CHECK(got == want);
+  REQUIRE(next_async_event(d2, &ev));
+  CHECK(ev.event_type == IBV_EVENT_COMM_EST);
+  CHECK(ev.element.qp == h2);
+
+  // The creator's handle goes first: the QP stays, and serves.
+  CHECK(ibv_destroy_qp(tgt) == 0);
+  CHECK(state_of(h1) == IBV_QPS_RTR);
+  send(2);
+  CHECK(ibv_destroy_qp(h1) == 0);
+  send(3);
+  CHECK(dst == src);
+
+  // Its context closes (its objects gone first); the last handle, another
+  // context's, still drives the QP.
+  CHECK(ibv_dereg_mr(md) == 0);
+  CHECK(ibv_destroy_srq(srq) == 0);
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_close_xrcd(x) == 0);
+  d.reset();
+  CHECK(state_of(h2) == IBV_QPS_RTR);
+  ibv_qp_attr err{};
+  err.qp_state = IBV_QPS_ERR;
+  CHECK(ibv_modify_qp(h2, &err, IBV_QP_STATE) == 0);
+  CHECK(state_of(h2) == IBV_QPS_ERR);
+  CHECK(ibv_close_xrcd(x2) == EBUSY);   // (h2 is of it)
+  CHECK(ibv_destroy_qp(h2) == 0);
+  // Gone with its last handle.
+  errno = 0;
+  CHECK(open_tgt(d2.ctx, x2, n) == nullptr);
+  CHECK(errno == EINVAL);
+  CHECK(ibv_dereg_mr(ms) == 0);
+  CHECK(ibv_destroy_qp(ini) == 0);
+  CHECK(ibv_destroy_cq(cq2) == 0);
+  CHECK(ibv_close_xrcd(x2) == 0);
+}
+
+TEST_CASE("ibv_open_qp: misuse refused (attributes, numbers, domains); an opened handle posts nothing", "[verbs][xrc]") {
+  Dev d, d2;
+  ibv_xrcd *x = open_xrcd(d, -1, O_CREAT), *xo = open_xrcd(d, -1, O_CREAT), *x2 = open_xrcd(d2, -1, O_CREAT);
+  REQUIRE(x);
+  REQUIRE(xo);
+  REQUIRE(x2);
+  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_qp *tgt = xrc_qp(d, IBV_QPT_XRC_RECV, nullptr, x), *ini = xrc_qp(d, IBV_QPT_XRC_SEND, cq, nullptr);
+  REQUIRE(tgt);
+  REQUIRE(ini);
+  const uint32_t n = tgt->qp_num;
+  auto refused = [](ibv_qp *q, int e) {
+    const int got = errno;
+    if (q) ibv_destroy_qp(q);
+    CHECK(q == nullptr);
+    CHECK(got == e);
+  };
+  errno = 0;
+  refused(ibv_open_qp(d.ctx, nullptr), EINVAL);
+  for (uint32_t missing : {IBV_QP_OPEN_ATTR_NUM, IBV_QP_OPEN_ATTR_XRCD, IBV_QP_OPEN_ATTR_TYPE}) {
+    errno = 0;
+    refused(open_tgt(d.ctx, x, n, nullptr, kOpenMask & ~missing), EINVAL);
+  }
+  errno = 0;
+  refused(open_tgt(d.ctx, x, n, nullptr, kOpenMask | IBV_QP_OPEN_ATTR_RESERVED), EOPNOTSUPP);
+  errno = 0;
+  refused(open_tgt(d.ctx, x, n, nullptr, kOpenMask, IBV_QPT_RC), EINVAL);
+  errno = 0;
+  refused(open_tgt(d.ctx, x, ini->qp_num), EINVAL);   // an initiator
+  errno = 0;
+  refused(open_tgt(d.ctx, x, 0xffffff), EINVAL);      // none
+  errno = 0;
+  refused(open_tgt(d.ctx, xo, n), EINVAL);            // another domain's
+  errno = 0;
+  refused(open_tgt(d.ctx, x2, n), EINVAL);            // a domain of another context
+  errno = 0;
+  refused(open_tgt(d2.ctx, x2, n), EINVAL);           // (and not in that one)
+
+  ibv_qp *h = open_tgt(d.ctx, x, n, nullptr, kOpenMask);
+  REQUIRE(h);
+  CHECK(h->qp_context == nullptr);
+  std::vector<uint8_t> buf(16);
+  ibv_mr *mr = ibv_reg_mr(d.pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge sge{uintptr_t(buf.data()), 16, mr->lkey};
+  CHECK(post_recv(h, 1, &sge, 1) == EINVAL);
+  CHECK(post_send(h, 1, IBV_WR_SEND, &sge, 1, 0) == EINVAL);
+  ibv_qp_attr bad{};
+  bad.qp_state = IBV_QPS_RTS;   // (RESET to RTS)
+  CHECK(ibv_modify_qp(h, &bad, IBV_QP_STATE) == EINVAL);
+  CHECK(ibv_close_xrcd(x) == EBUSY);
+  // A handle destroyed before the creator's: the QP stays.
+  CHECK(ibv_destroy_qp(h) == 0);
+  CHECK(state_of(tgt) == IBV_QPS_RESET);
+  ibv_qp *again = open_tgt(d.ctx, x, n);
+  REQUIRE(again);
+  CHECK(ibv_destroy_qp(tgt) == 0);
+  CHECK(ibv_destroy_qp(again) == 0);
+  errno = 0;
+  refused(open_tgt(d.ctx, x, n), EINVAL);   // gone with its last handle
+  CHECK(ibv_dereg_mr(mr) == 0);
+  CHECK(ibv_destroy_qp(ini) == 0);
+  CHECK(ibv_destroy_cq(cq) == 0);
+  for (ibv_xrcd *c : {x, xo, x2}) CHECK(ibv_close_xrcd(c) == 0);
 }

@@ -37,6 +37,12 @@ struct Dev {
     REQUIRE(pd);
     REQUIRE(ibv_query_port(ctx, 1, &port) == 0);
   }
+  // A context and PD of the caller's (an import's), closed with it.
+  Dev(ibv_context *c, ibv_pd *p) : ctx(c), pd(p) {
+    REQUIRE(ctx);
+    REQUIRE(pd);
+    REQUIRE(ibv_query_port(ctx, 1, &port) == 0);
+  }
   ~Dev() {
     ibv_dealloc_pd(pd);
     ibv_close_device(ctx);

@@ -263,14 +263,17 @@ int link_add(const LinkAddArgs &a) {
       if (mknod(node.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
         throw std::runtime_error("mknod " + node + ": " + strerror(errno));
       chmod(node.c_str(), 0666);
-    } else if (!S_ISCHR(st.st_mode)) {
-      throw std::runtime_error(node + " exists and is not a character device");
+    } else if (!S_ISCHR(st.st_mode) || st.st_rdev != makedev(1, 3)) {
+      throw std::runtime_error(node + " exists and is not a character device 1:3 (/dev/null's)");
     }
     // Last: the uverbs entry makes the device visible.
     fs::path uvtmp = verbs_dir() / ("." + uv + ".tmp");
     fs::remove_all(uvtmp);
     write_file(uvtmp / "ibdev", a.name + "\n");
-    write_file(uvtmp / "dev", "0:0\n");
+    // The device number of the node, and of every context's command fd
+    // (the provider's /dev/null): libibverbs' ibv_import_device finds a
+    // device by it.
+    write_file(uvtmp / "dev", "1:3\n");
     write_file(uvtmp / "abi_version", "1\n");
     fs::rename(uvtmp, verbs_dir() / uv);
   } catch (const std::exception &e) {

@@ -39,7 +39,9 @@ namespace usrc {
 namespace {
 
 std::mutex g_mu;
-std::vector<VerbsContext *> g_contexts;   // the live usrc contexts of this process
+// The live usrc contexts of this process (and the process that opened
+// each: a child of fork has a copy of the list, and none of them).
+std::vector<std::pair<VerbsContext *, pid_t>> g_contexts;
 
 // The import in progress on this thread: the Context to share (a reference
 // taken for it) and the fd the new context takes.
@@ -57,7 +59,9 @@ long same_file(int a, int b) {
 // (*e: ENODEV, or EOPNOTSUPP where kcmp cannot tell). Under g_mu.
 VerbsContext *owner_of(int fd, int *e) {
   *e = ENODEV;
-  for (VerbsContext *c : g_contexts) {
+  const pid_t me = getpid();
+  for (auto [c, pid] : g_contexts) {
+    if (pid != me) continue;
     const long r = same_file(c->vctx.context.cmd_fd, fd);
     if (r == 0) return c;
     if (r < 0 && errno != EBADF) *e = EOPNOTSUPP;   // (no kcmp here: seccomp, or a kernel without it)
@@ -69,12 +73,12 @@ VerbsContext *owner_of(int fd, int *e) {
 
 void register_context(VerbsContext *c) {
   std::lock_guard g(g_mu);
-  g_contexts.push_back(c);
+  g_contexts.emplace_back(c, getpid());
 }
 
 void unregister_context(VerbsContext *c) {
   std::lock_guard g(g_mu);
-  std::erase(g_contexts, c);
+  std::erase_if(g_contexts, [c](const auto &e) { return e.first == c; });
 }
 
 Context *importing(int *fd) {

@@ -229,6 +229,13 @@ extern "C" __attribute__((visibility("default"))) ibv_context *usrc_import_devic
   int e = ENODEV;
   {
     std::lock_guard g(g_mu);
+    // The fd itself, not a dup (man ibv_import_device): two contexts
+    // would close it.
+    for (auto [c, pid] : g_contexts)
+      if (c->vctx.context.cmd_fd == fd) {
+        errno = EINVAL;
+        return nullptr;
+      }
     if (VerbsContext *o = owner_of(fd, &e)) {
       dev = o->vctx.context.device;
       from = o->impl;

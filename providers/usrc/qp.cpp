@@ -354,6 +354,7 @@ int query_qp(ibv_qp *ibqp, ibv_qp_attr *attr, int, ibv_qp_init_attr *init) {
   attr->sq_draining = qp->t->state == rc::QpState::sqd && !qp->t->sq.empty();
   if (init) {
     *init = qp->init;
+    init->qp_context = ibqp->qp_context;   // (an opened handle's own)
     init->cap = qp->attr.cap;
   }
   return 0;

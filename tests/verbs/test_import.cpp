@@ -201,6 +201,7 @@ TEST_CASE("ibv_import_*: unknown fds and handles fail cleanly", "[verbs][import]
     CHECK(errno == want);
   };
   import_fails(-1, EINVAL);   // not an fd
+  import_fails(d.ctx->cmd_fd, EINVAL);   // the context's own fd, not a dup
   char path[] = "/tmp/usrc-import.XXXXXX";
   int file = mkstemp(path);
   REQUIRE(file >= 0);

@@ -352,6 +352,8 @@ TEST_CASE("ibv_open_qp: a target's handles in its context and in another; each m
   REQUIRE(ibv_query_qp(tgt, &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi) == 0);
   CHECK(qa.qp_state == IBV_QPS_RTR);
   CHECK(qa.dest_qp_num == ini->qp_num);
+  REQUIRE(ibv_query_qp(h2, &qa, IBV_QP_STATE, &qi) == 0);
+  CHECK(qi.qp_context == &m2);
   CHECK(state_of(h1) == IBV_QPS_RTR);
   REQUIRE(to_init(ini, 0) == 0);
   REQUIRE(to_rtr(d2, ini, tgt->qp_num, p) == 0);

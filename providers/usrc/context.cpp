@@ -62,6 +62,10 @@ Context::~Context() {
     (void)!write(wake_fd_, &one, sizeof one);
     thread_.join();
   }
+  if (xrc_fd_ >= 0) {   // (while the slot, hence the name, is still ours)
+    unlink(xrc_path_.c_str());
+    ::close(xrc_fd_);
+  }
   engine_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   // async_fd_[0] belongs to libibverbs now (verbs_uninit_context closes it).

@@ -72,8 +72,8 @@ void Context::progress_loop() {
   }
   engine_->local_peers().owner_thread(true);
   const int nic_fd = engine_->nic().wait_fd();
-  pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
-                   {nl_fd_, POLLIN, 0}};
+  pollfd fds[4] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
+                   {nl_fd_, POLLIN, 0}, {-1, POLLIN, 0}};
   // When to take the engine, spin or sleep: progress_policy.h. Never spin
   // at real-time priority: a spinning FIFO thread would keep the
   // application off its core.
@@ -115,6 +115,7 @@ void Context::progress_loop() {
       watching_.store(false, std::memory_order_relaxed);
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
+      xrc_receive();
       now = now_ns();
       d = policy.after_pass(now, received != 0, engine_->next_deadline(),
                             engine_->nic().rx_pending());
@@ -160,7 +161,10 @@ void Context::progress_loop() {
     // in our ring, a system call each (the application takes those itself).
     const bool doorbell = on_nic && !watch;
     if (doorbell && !engine_->nic().prepare_wait()) continue;
-    int r = ppoll(fds, 3, tsp, nullptr);
+    // (And on the XRC socket, if there is one: packets other processes'
+    // targets forward. While the application polls, it takes them.)
+    fds[3].fd = watch ? -1 : xrc_fd_.load(std::memory_order_acquire);
+    int r = ppoll(fds, 4, tsp, nullptr);
     if (doorbell) engine_->nic().end_wait();
     if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
@@ -248,6 +252,7 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
   engine_->progress(looping, now, direct ? &wc : nullptr);
+  xrc_receive();
   const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();

@@ -275,6 +275,28 @@ struct XrcSrq {
   const void *xrcd = nullptr;   // its XRC domain
 };
 
+// A SEND packet an XRC target took for an SRQ of its domain that another
+// context owns (another process, on this host): what that context needs
+// to place it and complete the receive as the target would have
+// (EngineHooks::xrc_forward, Engine::xrc_deliver). abort: the target
+// abandoned the message in progress (it left RTR/RTS, or went): its WQE
+// completes flushed.
+struct XrcForward {
+  uint32_t srqn = 0, qpn = 0, src_qp = 0;   // the SRQ, the target, its peer
+  uint16_t slid = 0;
+  bool first = false, last = false, imm = false, solicited = false, abort = false;
+  uint32_t imm_be = 0;
+  const uint8_t *data = nullptr;
+  uint32_t len = 0;
+};
+// The owner's side of one target's message in progress into an SRQ.
+struct XrcInbound {
+  RecvWqe cur{};               // the WQE its first packet took
+  uint32_t off = 0;            // bytes placed so far
+  bool active = false;         // a message is in progress
+  bool discard = false;        // it failed: the rest of it is dropped
+};
+
 struct Qp {
   Qp() = default;
   Qp(const Qp &) = delete;     // (rq may point into it)
@@ -284,6 +306,9 @@ struct Qp {
   XrcRole xrc = XrcRole::none;
   const void *xrcd = nullptr;  // a target's XRC domain
   uint32_t xrc_srqn = 0;       // a target's: the SRQ rq points into, if not own_rq
+  // A target's: xrc_srqn is no SRQ of this context; its SENDs are handed
+  // to the SRQ's owner (EngineHooks::xrc_forward).
+  bool xrc_remote = false;
   QpState state = QpState::reset;
   bool sq_sig_all = false;
   Cq *send_cq = nullptr, *recv_cq = nullptr;

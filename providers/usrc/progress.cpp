@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,10 @@ struct SchedAttr {
 };
 static_assert(sizeof(SchedAttr) == 48);
 }  // namespace
+
+// How soon the progress thread looks again while forwarded XRC packets
+// wait to be sent (Context::xrc_send_waiting).
+constexpr uint64_t kXrcRetryNs = 20'000;
 
 uint64_t now_ns() {
   timespec ts;
@@ -115,7 +120,7 @@ void Context::progress_loop() {
       watching_.store(false, std::memory_order_relaxed);
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
-      xrc_receive();
+      xrc_progress();
       now = now_ns();
       d = policy.after_pass(now, received != 0, engine_->next_deadline(),
                             engine_->nic().rx_pending());
@@ -146,8 +151,10 @@ void Context::progress_loop() {
       continue;
     }
     timespec ts, *tsp = nullptr;
+    // (Forwarded XRC packets waiting for their owner: looked at again soon.)
+    if (xrc_out_waiting_.load(std::memory_order_relaxed)) d.until = std::min(d.until, now + kXrcRetryNs);
     if (d.until != UINT64_MAX) {
-      uint64_t w = d.until - now;
+      uint64_t w = d.until > now ? d.until - now : 0;
       ts = {static_cast<time_t>(w / 1000000000ull), static_cast<long>(w % 1000000000ull)};
       tsp = &ts;
     }
@@ -252,7 +259,7 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
   engine_->progress(looping, now, direct ? &wc : nullptr);
-  xrc_receive();
+  xrc_progress();
   const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();

@@ -5,6 +5,7 @@
 
 #include <infiniband/verbs.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <cstddef>
@@ -254,12 +255,12 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // published (and withdrawn) by its number; a target's SENDs for such an
   // SRQ of another process are forwarded to it (xrc_forward); the packets
   // forwarded to this context's SRQs are taken in each progress pass
-  // (xrc_receive), and those waiting for a WQE once one is posted
-  // (xrc_drain).
+  // (xrc_progress, which also sends those that had to wait), and those
+  // waiting for a WQE once one is posted (xrc_drain).
   void xrc_publish(Srq &srq, const struct XrcDomain &dom);
   void xrc_withdraw(Srq &srq, const struct XrcDomain &dom);
   int xrc_forward(const void *xrcd, const rc::XrcForward &f) override;
-  void xrc_receive();
+  void xrc_progress();
   void xrc_drain(Srq &srq);
 
  private:
@@ -295,6 +296,15 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   bool xrc_failed_ = false;
   uint32_t xrc_waiting_ = 0;   // forwarded packets waiting, all SRQs
   std::unique_ptr<uint8_t[]> xrc_buf_;
+  // Forwarded packets waiting for room in their owners' sockets, in order
+  // (xrc_out_waiting_: some do; the progress thread comes back for them).
+  struct XrcOut {
+    sockaddr_un to;
+    std::vector<uint8_t> rec;
+  };
+  std::deque<XrcOut> xrc_out_;
+  std::atomic<bool> xrc_out_waiting_{false};
+  void xrc_send_waiting();
   bool xrc_open();
   bool xrc_take(const uint8_t *rec, size_t len);
   std::unordered_map<uint32_t, Mr *> mrs_;

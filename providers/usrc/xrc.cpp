@@ -139,6 +139,11 @@ constexpr uint32_t kMaxPayload = 4096;    // one packet (the largest PMTU)
 constexpr uint32_t kMaxWaiting = 1024;
 // Records taken per progress pass at most.
 constexpr int kReceiveBatch = 64;
+// Records waiting to be sent, all owners; beyond, the target answers RNR.
+constexpr size_t kMaxOutgoing = 1024;
+
+// A send that may go through later: the owner's socket full, or memory short.
+bool transient(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == ENOMEM; }
 
 // A path as a socket address; false if it does not fit.
 bool sock_addr(const std::string &path, sockaddr_un *a) {
@@ -265,18 +270,45 @@ int Context::xrc_forward(const void *xrcd, const rc::XrcForward &f) {
   h.slid = f.slid;
   h.flags = uint8_t((f.first ? kFirst : 0) | (f.last ? kLast : 0) | (f.imm ? kImm : 0) |
                     (f.solicited ? kSolicited : 0) | (f.abort ? kAbort : 0));
-  sockaddr_un a;
-  if (!sock_addr(domain_dir(xrc_dev_dir_, *dom) + "/" + hex(f.srqn), &a)) return ENAMETOOLONG;
-  iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(f.data), f.len}};
-  msghdr m{};
-  m.msg_name = &a;
-  m.msg_namelen = sizeof a;
-  m.msg_iov = iov;
-  m.msg_iovlen = f.len ? 2 : 1;
-  if (sendmsg(xrc_fd_.load(std::memory_order_relaxed), &m, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
-  // The owner's socket full (or memory short): not now. No such SRQ
-  // (ENOENT), its owner gone (ECONNREFUSED), or anything else: none.
-  return errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == ENOMEM ? EAGAIN : errno;
+  XrcOut o;
+  if (!sock_addr(domain_dir(xrc_dev_dir_, *dom) + "/" + hex(f.srqn), &o.to)) return ENAMETOOLONG;
+  if (xrc_out_.empty()) {
+    iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(f.data), f.len}};
+    msghdr m{};
+    m.msg_name = &o.to;
+    m.msg_namelen = sizeof o.to;
+    m.msg_iov = iov;
+    m.msg_iovlen = f.len ? 2 : 1;
+    if (sendmsg(xrc_fd_.load(std::memory_order_relaxed), &m, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return 0;
+    // No such SRQ (ENOENT), its owner gone (ECONNREFUSED), anything but
+    // a full socket: none.
+    if (!transient(errno)) return errno;
+  }
+  // The owner's socket is full (it holds a few records only, see
+  // net.unix.max_dgram_qlen), or others wait before this one: it waits
+  // in order, sent from the next progress passes; none left: not now.
+  if (xrc_out_.size() >= kMaxOutgoing) return EAGAIN;
+  o.rec.resize(sizeof h + f.len);
+  std::memcpy(o.rec.data(), &h, sizeof h);
+  if (f.len) std::memcpy(o.rec.data() + sizeof h, f.data, f.len);
+  xrc_out_.push_back(std::move(o));
+  xrc_out_waiting_.store(true, std::memory_order_relaxed);
+  return 0;
+}
+
+// The records waiting to go, in order, as far as their owners take them.
+// One whose owner is gone since is dropped (its target acknowledged it).
+void Context::xrc_send_waiting() {
+  const int fd = xrc_fd_.load(std::memory_order_relaxed);
+  for (; !xrc_out_.empty(); xrc_out_.pop_front()) {
+    XrcOut &o = xrc_out_.front();
+    if (sendto(fd, o.rec.data(), o.rec.size(), MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr *>(&o.to),
+               sizeof o.to) < 0) {
+      if (transient(errno)) break;
+      engine_->counters[uint32_t(Counter::xrc_drops)]++;
+    }
+  }
+  xrc_out_waiting_.store(!xrc_out_.empty(), std::memory_order_relaxed);
 }
 
 // The record of a forwarded packet just received: taken (placed,
@@ -315,9 +347,10 @@ bool Context::xrc_take(const uint8_t *b, size_t n) {
   return true;
 }
 
-void Context::xrc_receive() {
+void Context::xrc_progress() {
   const int fd = xrc_fd_.load(std::memory_order_relaxed);
   if (fd < 0) return;
+  if (!xrc_out_.empty()) xrc_send_waiting();
   for (int i = 0; i < kReceiveBatch; i++) {
     // (A record longer than any shows as such: MSG_TRUNC gives its length.)
     const ssize_t n = recv(fd, xrc_buf_.get(), sizeof(Record) + kMaxPayload, MSG_DONTWAIT | MSG_TRUNC);

@@ -67,8 +67,8 @@ xsrq_clients() {
   fi
   note "$name: server and $n clients succeeded"
 }
-xsrq_clients "xsrq ib -c 2"   2 "" "" 127.0.0.1 qt_ib qt_ib -n 1000 -s 4096
-xsrq_clients "xsrq roce -c 3" 3 "" "" 127.0.0.1 qt_roce qt_roce -g 0 -n 500 -s 8192
+xsrq_clients "xsrq ib -c 2"   2 "" "" 127.0.0.1 qt_ib qt_ib -n 500 -s 4096
+xsrq_clients "xsrq roce -c 3" 3 "" "" 127.0.0.1 qt_roce qt_roce -g 0 -n 200 -s 8192
 run_pair "ib_send_bw -c XRC"       "" "" 127.0.0.1 60 -- ib_send_bw -d qt_ib -c XRC -n 2000
 run_pair "ib_read_lat -c XRC"      "" "" 127.0.0.1 60 -- ib_read_lat -d qt_roce -x 0 -c XRC -n 2000
 run_pair "ib_atomic_bw -c XRC"     "" "" 127.0.0.1 60 -- ib_atomic_bw -d qt_ib -c XRC -n 2000
@@ -111,7 +111,7 @@ pair "netns ib_send_lat -c UD"  60 qrb qra ib_send_lat -x 0 -c UD -n 2000
 pair "netns uc ib -c"           60 qtb qta ibv_uc_pingpong -c -s 8192 -n 1000
 pair "netns ib_send_lat -c UC"  60 qtb qta ib_send_lat -c UC -n 2000
 pair "netns xsrq ib"            60 qtb qta ibv_xsrq_pingpong -n 1000 -s 8192
-xsrq_clients "netns xsrq ib -c 3" 3 $B $A 10.204.0.2 qtb qta -n 500 -s 4096
+xsrq_clients "netns xsrq ib -c 3" 3 $B $A 10.204.0.2 qtb qta -n 200 -s 4096
 pair "netns ib_write_bw -c XRC" 60 qrb qra ib_write_bw -x 0 -c XRC -n 2000
 "$USRC" stats qta
 echo PASS

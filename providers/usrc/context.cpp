@@ -56,6 +56,10 @@ Context::~Context() {
     }
     usleep(1000);
   }
+  if (engine_) {   // (forwarded XRC packets still waiting: a last try)
+    std::lock_guard g(engine_->mu);
+    xrc_progress();
+  }
   if (thread_.joinable()) {
     stop_ = true;
     uint64_t one = 1;

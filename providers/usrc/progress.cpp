@@ -152,7 +152,8 @@ void Context::progress_loop() {
     }
     timespec ts, *tsp = nullptr;
     // (Forwarded XRC packets waiting for their owner: looked at again soon.)
-    if (xrc_out_waiting_.load(std::memory_order_relaxed)) d.until = std::min(d.until, now + kXrcRetryNs);
+    // (While the application polls, its own passes send them.)
+    if (!watch && xrc_out_waiting_.load(std::memory_order_relaxed)) d.until = std::min(d.until, now + kXrcRetryNs);
     if (d.until != UINT64_MAX) {
       uint64_t w = d.until > now ? d.until - now : 0;
       ts = {static_cast<time_t>(w / 1000000000ull), static_cast<long>(w % 1000000000ull)};

@@ -145,12 +145,11 @@ struct Srq {
   std::atomic<uint32_t> qps{0};
   // An XRC SRQ of a domain opened on a file: its number is published for
   // the targets of other processes (xrc.cpp), whose packets for it arrive
-  // on the context's XRC socket. Guarded by the engine's lock: the
-  // packets waiting for a WQE (each a record as sent), and each target's
-  // message in progress, by its QPN.
+  // on the context's XRC socket; those waiting for a WQE, each a record as
+  // sent (guarded by the engine's lock; the messages in progress:
+  // q.inbound).
   bool published = false;
   std::deque<std::vector<uint8_t>> waiting;
-  std::unordered_map<uint32_t, rc::XrcInbound> inbound;
 };
 
 struct Cq {

@@ -325,9 +325,9 @@ bool Context::xrc_take(const uint8_t *b, size_t n) {
   const auto of_target = [&](const std::vector<uint8_t> &w) {
     return std::memcmp(w.data() + offsetof(Record, qpn), &f.qpn, sizeof f.qpn) == 0;
   };
-  rc::XrcInbound &in = srq.inbound[f.qpn];
+  rc::XrcInbound &in = srq.q.inbound[f.qpn];
   if (std::none_of(srq.waiting.begin(), srq.waiting.end(), of_target) && engine_->xrc_deliver(*s, in, f)) {
-    if (!in.active && !in.discard) srq.inbound.erase(f.qpn);
+    if (!in.active && !in.discard) srq.q.inbound.erase(f.qpn);
     return true;
   }
   if (xrc_waiting_ >= kMaxWaiting) {
@@ -370,13 +370,13 @@ void Context::xrc_drain(Srq &srq) {
     Record h;
     rc::XrcForward f;
     (void)parse(it->data(), it->size(), &h, &f);   // (checked as it came)
-    rc::XrcInbound &in = srq.inbound[f.qpn];
+    rc::XrcInbound &in = srq.q.inbound[f.qpn];
     if (std::find(held.begin(), held.end(), f.qpn) != held.end() || !engine_->xrc_deliver(*s, in, f)) {
       if (std::find(held.begin(), held.end(), f.qpn) == held.end()) held.push_back(f.qpn);
       ++it;
       continue;
     }
-    if (!in.active && !in.discard) srq.inbound.erase(f.qpn);
+    if (!in.active && !in.discard) srq.q.inbound.erase(f.qpn);
     it = srq.waiting.erase(it);
     xrc_waiting_--;
   }

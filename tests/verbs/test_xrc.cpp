@@ -5,10 +5,15 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -464,4 +469,58 @@ TEST_CASE("XRC: a target delivers into the SRQ another process created in the sa
   }
   close(up[0]);
   close(down[1]);
+}
+
+TEST_CASE("XRC: records on a shared SRQ's socket that are not good ones are dropped and counted", "[verbs][xrc]") {
+  Dev d;
+  TempFile f;
+  REQUIRE(f.fd >= 0);
+  ibv_xrcd *x = open_xrcd(d, f.fd, O_CREAT);
+  REQUIRE(x);
+  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_srq *s = xrc_srq(d, x, cq);
+  REQUIRE(s);
+  uint32_t n = 0;
+  REQUIRE(ibv_get_srq_num(s, &n) == 0);
+  // Where the SRQ is published (docs/xrc.md): root/xrc/uid/device/dev-ino/srqn.
+  struct stat st;
+  REQUIRE(fstat(f.fd, &st) == 0);
+  char leaf[80];
+  snprintf(leaf, sizeof leaf, "/%llx-%llx/%x", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, n);
+  const std::string path = usrc::xrc_dir() + "/" + std::to_string(geteuid()) + "/" + getenv("USRC_TEST_DEV") + leaf;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof a.sun_path);
+  memcpy(a.sun_path, path.c_str(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  const uint64_t before = device_counter(usrc::Counter::xrc_drops);
+  std::vector<uint8_t> one(1, 1), zeros(48, 0), ones(100, 0xff), big(9000, 0x31);
+  for (auto *b : {&one, &zeros, &ones, &big})
+    CHECK(sendto(fd, b->data(), b->size(), 0, reinterpret_cast<sockaddr *>(&a), sizeof a) == ssize_t(b->size()));
+  close(fd);
+  for (int i = 0; i < 100 && device_counter(usrc::Counter::xrc_drops) < before + 4; i++) poll(cq, 1, 0.05);
+  CHECK(device_counter(usrc::Counter::xrc_drops) >= before + 4);
+  CHECK(poll(cq, 1, 0.1).empty());   // (nothing came of them)
+  {
+    // The SRQ serves as before.
+    XrcPair p(d, x);
+    std::vector<uint8_t> src(64, 0x33), dst(64, 0);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), 64, 0), *md = ibv_reg_mr(d.pd, dst.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge rs{uintptr_t(dst.data()), 64, md->lkey}, ss{uintptr_t(src.data()), 64, ms->lkey};
+    ibv_recv_wr rw = recv_wr(4, &rs, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s, &rw, &bad) == 0);
+    CHECK(p.post(IBV_WR_SEND, &ss, n).status == IBV_WC_SUCCESS);
+    auto w = poll(cq, 1);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].status == IBV_WC_SUCCESS);
+    CHECK(dst == src);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+  }
+  CHECK(ibv_destroy_srq(s) == 0);
+  CHECK(access(path.c_str(), F_OK) != 0);   // withdrawn
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_close_xrcd(x) == 0);
 }

@@ -547,7 +547,10 @@ void Engine::invalidate_lkey(uint32_t key) {
       if (is_rd_atomic(w.wr.opcode)) w.bad |= uses(w.wr);
     }
   }
-  for (RecvQueue *q : srqs_) walk_rq(*q);
+  for (RecvQueue *q : srqs_) {
+    walk_rq(*q);
+    for (auto &[qpn, in] : q->inbound) in.cur.bad |= in.active && uses(in.cur.wr);
+  }
 }
 
 void Engine::srq_limit(RecvQueue &q) {
@@ -561,6 +564,7 @@ void Engine::resize(RecvQueue &q, Buffer<RecvWqe> &slots) {
   for (; !q.empty(); q.pop(), r.push()) r.back() = q.front();
   r.user = q.user;
   r.limit = q.limit;
+  r.inbound = std::move(q.inbound);
   slots = std::move(q.slots);
   q = std::move(r);
 }

@@ -94,7 +94,8 @@ class Engine {
     return it == xrc_srqs_.end() ? nullptr : &it->second;
   }
   // A packet another context's target forwarded (xrc_forward) into the
-  // XRC SRQ s, whose state for that target is in: false if it must wait
+  // XRC SRQ s, whose state for that target is in (in s.q->inbound, which
+  // invalidate_lkey looks at too): false if it must wait
   // (a message's first packet, and no WQE posted); else taken (placed and,
   // at its last packet, completed on the SRQ's CQ; or failed, its WQE
   // completed with the error).

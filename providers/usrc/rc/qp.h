@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "usrc/net/nic.h"
@@ -100,8 +101,20 @@ struct Ring {
 // A receive queue: a QP's own, or a shared one (SRQ) that QPs of the
 // context take from. A SEND message takes its WQE off the queue at its
 // first packet (RespState::cur): a shared queue's head is no one QP's.
+// An XRC SRQ's side of a message in progress that another process's
+// target forwards (Engine::xrc_deliver).
+struct XrcInbound {
+  RecvWqe cur{};               // the WQE its first packet took
+  uint32_t off = 0;            // bytes placed so far
+  bool active = false;         // a message is in progress
+  bool discard = false;        // it failed: the rest of it is dropped
+};
+
 struct RecvQueue : Ring<RecvWqe> {
   void *user = nullptr;   // the verbs SRQ (a shared queue's owner)
+  // An XRC SRQ's messages in progress from other processes' targets, by
+  // the target's QPN.
+  std::unordered_map<uint32_t, XrcInbound> inbound;
   // SRQ limit (IBA 10.2.9.3): fewer WQEs than this left raise
   // IBV_EVENT_SRQ_LIMIT_REACHED once; 0: disarmed.
   uint32_t limit = 0;
@@ -288,13 +301,6 @@ struct XrcForward {
   uint32_t imm_be = 0;
   const uint8_t *data = nullptr;
   uint32_t len = 0;
-};
-// The owner's side of one target's message in progress into an SRQ.
-struct XrcInbound {
-  RecvWqe cur{};               // the WQE its first packet took
-  uint32_t off = 0;            // bytes placed so far
-  bool active = false;         // a message is in progress
-  bool discard = false;        // it failed: the rest of it is dropped
 };
 
 struct Qp {

@@ -22,6 +22,12 @@ inline std::string counters_dir(const std::string &name) {
   return root_dir() + "/counters/" + name + ".d";
 }
 constexpr const char *kConfigFile = "usrc.conf";   // inside ibdev_dir(name)
+// XRC domains shared between processes (docs/xrc.md): one directory per
+// user (0700) in this one, sticky and writable by all like /tmp.
+inline std::string xrc_dir() { return root_dir() + "/xrc"; }
+// Made if missing (mode 1777; `usrc link add`, or the first process that
+// can); false (and *err) if it cannot be.
+bool make_xrc_dir(std::string *err);
 
 // The calling thread's network namespace: the inode of its
 // /proc/thread-self/ns/net (every namespace is a file of the one nsfs, so
@@ -126,7 +132,9 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(probes, "oldest unacknowledged packets resent alone after a short silence") \
   X(qkey_drops, "UD datagrams dropped: wrong Q_Key")                         \
   X(no_recv_drops, "UD datagrams and UC messages dropped: no receive posted") \
-  X(uc_drops, "UC packets dropped: out of sequence, or their message failed a check")
+  X(uc_drops, "UC packets dropped: out of sequence, or their message failed a check") \
+  X(xrc_forwarded, "XRC SEND packets a target handed to the process that owns their SRQ") \
+  X(xrc_drops, "forwarded XRC packets dropped: malformed, for no SRQ here, or over the queue bound")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

@@ -55,11 +55,19 @@ Context::~Context() {
     }
     usleep(1000);
   }
+  if (engine_) {   // (forwarded XRC packets still waiting: a last try)
+    std::lock_guard g(engine_->mu);
+    xrc_progress();
+  }
   if (thread_.joinable()) {
     stop_ = true;
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof one);
     thread_.join();
+  }
+  if (xrc_fd_ >= 0) {   // (while the slot, hence the name, is still ours)
+    unlink(xrc_path_.c_str());
+    ::close(xrc_fd_);
   }
   engine_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +34,10 @@ struct SchedAttr {
 };
 static_assert(sizeof(SchedAttr) == 48);
 }  // namespace
+
+// How soon the progress thread looks again while forwarded XRC packets
+// wait to be sent (Context::xrc_send_waiting).
+constexpr uint64_t kXrcRetryNs = 20'000;
 
 uint64_t now_ns() {
   timespec ts;
@@ -72,8 +77,8 @@ void Context::progress_loop() {
   }
   engine_->local_peers().owner_thread(true);
   const int nic_fd = engine_->nic().wait_fd();
-  pollfd fds[3] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
-                   {nl_fd_, POLLIN, 0}};
+  pollfd fds[4] = {{nic_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0},
+                   {nl_fd_, POLLIN, 0}, {-1, POLLIN, 0}};
   // When to take the engine, spin or sleep: progress_policy.h. Never spin
   // at real-time priority: a spinning FIFO thread would keep the
   // application off its core.
@@ -115,6 +120,7 @@ void Context::progress_loop() {
       watching_.store(false, std::memory_order_relaxed);
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
+      xrc_progress();
       now = now_ns();
       d = policy.after_pass(now, received != 0, engine_->next_deadline(),
                             engine_->nic().rx_pending());
@@ -145,8 +151,11 @@ void Context::progress_loop() {
       continue;
     }
     timespec ts, *tsp = nullptr;
+    // (Forwarded XRC packets waiting for their owner: looked at again soon.)
+    // (While the application polls, its own passes send them.)
+    if (!watch && xrc_out_waiting_.load(std::memory_order_relaxed)) d.until = std::min(d.until, now + kXrcRetryNs);
     if (d.until != UINT64_MAX) {
-      uint64_t w = d.until - now;
+      uint64_t w = d.until > now ? d.until - now : 0;
       ts = {static_cast<time_t>(w / 1000000000ull), static_cast<long>(w % 1000000000ull)};
       tsp = &ts;
     }
@@ -169,7 +178,10 @@ void Context::progress_loop() {
       continue;
     }
     if (doorbell && !engine_->nic().prepare_wait()) continue;
-    int r = ppoll(fds, 3, tsp, nullptr);
+    // (And on the XRC socket, if there is one: packets other processes'
+    // targets forward. While the application polls, it takes them.)
+    fds[3].fd = watch ? -1 : xrc_fd_.load(std::memory_order_acquire);
+    int r = ppoll(fds, 4, tsp, nullptr);
     if (doorbell) engine_->nic().end_wait();
     if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
@@ -257,6 +269,7 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
   engine_->progress(looping, now, direct ? &wc : nullptr);
+  xrc_progress();
   const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();

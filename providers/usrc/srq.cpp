@@ -87,12 +87,15 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
     Xrcd *x = to_xrcd(ia->xrcd);
     rc::Engine &e = srq->ctx->engine();
     std::lock_guard g(e.mu);
-    // Its number (the XRCETH's): 24 bits, random, unique in the context.
-    uint32_t n;
-    do n = random_u32() & 0xffffff;
-    while (!n || e.has_xrc_srq(n));
-    int err = ENOMEM;
-    if (!no_throw([&] { e.add_xrc_srq(n, {&srq->q, &to_cq(ia->cq)->ring, prot_pd(ia->pd), x->dom}); }, &err)) {
+    // Its number (the XRCETH's): the context's slot above a 12-bit index
+    // (as a QPN), unique per device on the host (xrc.cpp); the index from
+    // a random start.
+    uint32_t idx = random_u32(), n = 0;
+    for (uint32_t k = 0; k < kQpsPerSlot && !n; k++, idx++)
+      if (!e.has_xrc_srq(e.slot() << kQpnIndexBits | (idx & (kQpsPerSlot - 1))))
+        n = e.slot() << kQpnIndexBits | (idx & (kQpsPerSlot - 1));
+    int err = n ? ENOMEM : ENOSPC;
+    if (!n || !no_throw([&] { e.add_xrc_srq(n, {&srq->q, &to_cq(ia->cq)->ring, prot_pd(ia->pd), x->dom}); }, &err)) {
       e.remove_srq(&srq->q);
       unuse(to_pd(ia->pd));
       delete srq;
@@ -103,6 +106,7 @@ ibv_srq *create_srq_ex(ibv_context *ibctx, ibv_srq_init_attr_ex *ia) {
     srq->vsrq.xrcd = &x->vx;
     srq->vsrq.cq = ia->cq;
     srq->vsrq.srq_num = n;
+    srq->ctx->xrc_publish(*srq, *x->dom);   // (a domain opened on a file: for other processes too)
     x->users++;
     to_cq(ia->cq)->qps++;
   }
@@ -147,7 +151,10 @@ int destroy_srq(ibv_srq *ibsrq) {
   {
     std::lock_guard g(srq->ctx->engine().mu);
     srq->ctx->engine().remove_srq(&srq->q);
-    if (srq->vsrq.srq_type == IBV_SRQT_XRC) srq->ctx->engine().remove_xrc_srq(srq->vsrq.srq_num);
+    if (srq->vsrq.srq_type == IBV_SRQT_XRC) {
+      srq->ctx->xrc_withdraw(*srq, *to_xrcd(&srq->vsrq.xrcd->xrcd)->dom);
+      srq->ctx->engine().remove_xrc_srq(srq->vsrq.srq_num);
+    }
   }
   if (srq->vsrq.srq_type == IBV_SRQT_XRC) {
     to_xrcd(&srq->vsrq.xrcd->xrcd)->users--;
@@ -181,6 +188,7 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
     const bool ok = map_recv_sges(c, pd, *wr, w, &len);
     rc::Engine::post_recv_slot(srq->q, len, !ok);
   }
+  if (!srq->waiting.empty()) c.xrc_drain(*srq);   // (forwarded packets waited for these)
   if (err && bad) *bad = wr;
   return err;
 }

@@ -5,9 +5,12 @@
 
 #include <infiniband/verbs.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <cstddef>
+#include <deque>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -140,10 +143,11 @@ struct Ah {
 
 // A shared receive queue (srq.cpp): its WQEs are the transport's
 // (rc::RecvQueue), taken by the QPs created on it.
-// An XRC domain (xrc.cpp): shared by the opens of one file in this process.
+// An XRC domain (xrc.cpp): shared by the opens of one file in this process,
+// and, opened on a file, with the other processes of the host (its SRQs).
 struct Qp;
 struct XrcDomain {
-  std::pair<dev_t, ino_t> inode{};
+  std::pair<dev_t, ino_t> inode{};   // of the file (shared: host-wide per device, xrc.cpp)
   bool shared = false;   // opened on a file (by_inode has it)
   int opens = 0;
   // Its target QPs by number, for ibv_open_qp (guarded by xrc.cpp's lock).
@@ -162,6 +166,13 @@ struct Srq {
   Context *ctx;
   rc::RecvQueue q;             // guarded by the engine's lock
   std::atomic<uint32_t> qps{0};
+  // An XRC SRQ of a domain opened on a file: its number is published for
+  // the targets of other processes (xrc.cpp), whose packets for it arrive
+  // on the context's XRC socket; those waiting for a WQE, each a record as
+  // sent (guarded by the engine's lock; the messages in progress:
+  // q.inbound).
+  bool published = false;
+  std::deque<std::vector<uint8_t>> waiting;
 };
 
 struct Cq {
@@ -304,6 +315,19 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   void qp_event(rc::Qp &qp, rc::QpEvent ev) override;
   void srq_event(rc::RecvQueue &q) override;
 
+  // XRC domains shared with the other processes of this host (xrc.cpp),
+  // all under engine().mu: an XRC SRQ of a domain opened on a file is
+  // published (and withdrawn) by its number; a target's SENDs for such an
+  // SRQ of another process are forwarded to it (xrc_forward); the packets
+  // forwarded to this context's SRQs are taken in each progress pass
+  // (xrc_progress, which also sends those that had to wait), and those
+  // waiting for a WQE once one is posted (xrc_drain).
+  void xrc_publish(Srq &srq, const struct XrcDomain &dom);
+  void xrc_withdraw(Srq &srq, const struct XrcDomain &dom);
+  int xrc_forward(const void *xrcd, const rc::XrcForward &f) override;
+  void xrc_progress();
+  void xrc_drain(Srq &srq);
+
  private:
   Context() = default;
   void progress_loop();
@@ -355,6 +379,26 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<bool> port_up_{true};
   void watch_netdev();     // netdev_watch.cpp: opens nl_fd_, reads the port state
   void netdev_events();    // reads nl_fd_; raises the port's events
+  // The XRC socket (AF_UNIX datagrams, bound at xrc_path_ in this user's
+  // directory for the device): -1 until the first shared XRC SRQ or
+  // forward needs it; xrc_failed_: it could not be made (the domains stay
+  // this process's).
+  std::atomic<int> xrc_fd_{-1};
+  std::string xrc_dev_dir_, xrc_path_;
+  bool xrc_failed_ = false;
+  uint32_t xrc_waiting_ = 0;   // forwarded packets waiting, all SRQs
+  std::unique_ptr<uint8_t[]> xrc_buf_;
+  // Forwarded packets waiting for room in their owners' sockets, in order
+  // (xrc_out_waiting_: some do; the progress thread comes back for them).
+  struct XrcOut {
+    sockaddr_un to;
+    std::vector<uint8_t> rec;
+  };
+  std::deque<XrcOut> xrc_out_;
+  std::atomic<bool> xrc_out_waiting_{false};
+  void xrc_send_waiting();
+  bool xrc_open();
+  bool xrc_take(const uint8_t *rec, size_t len);
   std::unordered_map<uint32_t, Mr *> mrs_;
   uint32_t next_key_ = 0;   // the next MR index (add_mr); 0: not drawn yet
   // The MR found last (a stream posts from the same one, WR after WR).

@@ -39,10 +39,36 @@ run_pair "uc ib -c"                "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_i
 run_pair "uc roce 20000 B -c"      "" "" 127.0.0.1 60 -- ibv_uc_pingpong -d qt_roce -g 0 -c -s 20000 -n 500
 run_pair "ib_send_lat -c UC"       "" "" 127.0.0.1 60 -- ib_send_lat -d qt_ib -c UC -n 2000
 run_pair "ib_write_bw -c UC"       "" "" 127.0.0.1 60 -- ib_write_bw -d qt_ib -c UC -n 2000
-# XRC: one client per server (its clients would share the server host's XRC
-# domain through its file, which usrc keeps per process).
+# XRC: one client per server, and several: the clients share the XRC
+# domain of their host's /tmp/xrc_domain, each one's target receiving for
+# the others' SRQs too (forwarded to them, docs/xrc.md).
 run_pair "xsrq ib"                 "" "" 127.0.0.1 60 -- ibv_xsrq_pingpong -d qt_ib -n 2000 -s 4096
 run_pair "xsrq roce"               "" "" 127.0.0.1 60 -- ibv_xsrq_pingpong -d qt_roce -g 0 -n 500
+# xsrq_clients NAME CLIENTS SERVER_NS CLIENT_NS ADDR SERVER_DEV CLIENT_DEV ARGS...:
+# ibv_xsrq_pingpong, a server of -c CLIENTS and as many client processes.
+xsrq_clients() {
+  local name=$1 n=$2 sns=$3 cns=$4 addr=$5 sdev=$6 cdev=$7 port i rc=0 pids=; shift 7
+  OUT=$(mktemp /tmp/usrc-out.XXXXXX)
+  port=$(pick_port)
+  ${sns:+ip netns exec $sns} timeout 120 "$USRC" exec -- ibv_xsrq_pingpong -d "$sdev" "$@" -p "$port" -c "$n" \
+    >"$OUT.srv" 2>&1 &
+  local spid=$!
+  wait_listen "$sns" "$port" || { kill $spid 2>/dev/null; cat "$OUT.srv"; fail "$name: server did not listen"; }
+  for i in $(seq "$n"); do
+    ${cns:+ip netns exec $cns} timeout 120 "$USRC" exec -- ibv_xsrq_pingpong -d "$cdev" "$@" -p "$port" "$addr" \
+      >"$OUT.cli$i" 2>&1 &
+    pids="$pids $!"
+  done
+  for i in $pids; do wait $i || rc=1; done
+  wait $spid || rc=1
+  if [ $rc -ne 0 ]; then
+    for i in "$OUT".*; do echo "== $i:"; cat "$i"; done
+    fail "$name"
+  fi
+  note "$name: server and $n clients succeeded"
+}
+xsrq_clients "xsrq ib -c 2"   2 "" "" 127.0.0.1 qt_ib qt_ib -n 500 -s 4096
+xsrq_clients "xsrq roce -c 3" 3 "" "" 127.0.0.1 qt_roce qt_roce -g 0 -n 200 -s 8192
 run_pair "ib_send_bw -c XRC"       "" "" 127.0.0.1 60 -- ib_send_bw -d qt_ib -c XRC -n 2000
 run_pair "ib_read_lat -c XRC"      "" "" 127.0.0.1 60 -- ib_read_lat -d qt_roce -x 0 -c XRC -n 2000
 run_pair "ib_atomic_bw -c XRC"     "" "" 127.0.0.1 60 -- ib_atomic_bw -d qt_ib -c XRC -n 2000
@@ -85,6 +111,7 @@ pair "netns ib_send_lat -c UD"  60 qrb qra ib_send_lat -x 0 -c UD -n 2000
 pair "netns uc ib -c"           60 qtb qta ibv_uc_pingpong -c -s 8192 -n 1000
 pair "netns ib_send_lat -c UC"  60 qtb qta ib_send_lat -c UC -n 2000
 pair "netns xsrq ib"            60 qtb qta ibv_xsrq_pingpong -n 1000 -s 8192
+xsrq_clients "netns xsrq ib -c 3" 3 $B $A 10.204.0.2 qtb qta -n 200 -s 4096
 pair "netns ib_write_bw -c XRC" 60 qrb qra ib_write_bw -x 0 -c XRC -n 2000
 "$USRC" stats qta
 echo PASS

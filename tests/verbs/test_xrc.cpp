@@ -1,10 +1,21 @@
 // XRC: domains opened on a file, XRC SRQs, initiator (XRC_SEND) and target
 // (XRC_RECV) QPs; each WR of an initiator names the target's SRQ that takes
 // it, and the SRQ's CQ and PD serve it.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
 #include <catch2/catch.hpp>
 
 #include "verbs_util.h"
@@ -496,4 +507,228 @@ TEST_CASE("ibv_open_qp: misuse refused (attributes, numbers, domains); an opened
   CHECK(ibv_destroy_qp(ini) == 0);
   CHECK(ibv_destroy_cq(cq) == 0);
   for (ibv_xrcd *c : {x, xo, x2}) CHECK(ibv_close_xrcd(c) == 0);
+}
+
+namespace {
+
+// The child of the two-process test (no Catch2 in a forked child): opens
+// the device and the domain file, creates an XRC SRQ and sends its number
+// up `up`; then waits for the parent's target and initiator QPNs on
+// `down`, posts two receives (the parent's SENDs, forwarded by its target,
+// wait for them here meanwhile), checks what completes and sends its
+// verdict up (0: good, else which check failed); then waits for the word
+// to go and leaves without cleaning up (as a process killed would).
+int xrc_child(const char *path, int up, int down) {
+  const auto wait_read = [](int fd, void *p, size_t n) {
+    pollfd pf{fd, POLLIN, 0};
+    return ::poll(&pf, 1, 20000) == 1 && read(fd, p, n) == ssize_t(n);
+  };
+  const char *name = getenv("USRC_TEST_DEV");
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  ibv_context *ctx = nullptr;
+  for (int i = 0; list && i < n; i++)
+    if (strcmp(ibv_get_device_name(list[i]), name) == 0) ctx = ibv_open_device(list[i]);
+  if (!ctx) return 1;
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  ibv_cq *cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  const int fd = open(path, O_RDONLY);
+  ibv_xrcd_init_attr xa{};
+  xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+  xa.fd = fd;
+  xa.oflags = O_CREAT;
+  ibv_xrcd *x = pd && cq ? ibv_open_xrcd(ctx, &xa) : nullptr;
+  if (!x) return 2;
+  ibv_srq_init_attr_ex sa{};
+  sa.attr.max_wr = 8;
+  sa.attr.max_sge = 1;
+  sa.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+  sa.srq_type = IBV_SRQT_XRC;
+  sa.pd = pd;
+  sa.xrcd = x;
+  sa.cq = cq;
+  ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+  uint32_t srqn = 0;
+  if (!srq || ibv_get_srq_num(srq, &srqn) || write(up, &srqn, 4) != 4) return 3;
+  uint32_t qpns[2];
+  if (!wait_read(down, qpns, sizeof qpns)) return 4;
+  static uint8_t buf[2][8192];
+  ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) return 5;
+  for (int i = 0; i < 2; i++) {
+    ibv_sge s{uintptr_t(buf[i]), 8192, mr->lkey};
+    ibv_recv_wr w = recv_wr(i + 1, &s, 1), *bad;
+    if (ibv_post_srq_recv(srq, &w, &bad)) return 6;
+  }
+  ibv_wc wc[2];
+  int got = 0;
+  for (int i = 0; i < 20000 && got < 2; i++) {
+    const int k = ibv_poll_cq(cq, 2 - got, wc + got);
+    if (k < 0) return 7;
+    got += k;
+    if (!k) usleep(1000);
+  }
+  uint8_t verdict = 0;
+  const auto expect = [&](bool ok, uint8_t code) {
+    if (!ok && !verdict) verdict = code;
+  };
+  expect(got == 2, 10);
+  for (int i = 0; i < got; i++) {
+    expect(wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV, 11);
+    expect(wc[i].wr_id == uint64_t(i + 1), 12);
+    expect(wc[i].qp_num == qpns[0] && wc[i].src_qp == qpns[1], 13);   // the target, its initiator
+  }
+  if (got == 2) {
+    expect(wc[0].byte_len == 5000 && !(wc[0].wc_flags & IBV_WC_WITH_IMM), 14);
+    for (int i = 0; i < 5000; i++) expect(buf[0][i] == uint8_t(i * 13), 15);
+    expect(wc[1].byte_len == 100 && (wc[1].wc_flags & IBV_WC_WITH_IMM) && wc[1].imm_data == htonl(0x1234), 16);
+    for (int i = 0; i < 100; i++) expect(buf[1][i] == 0x5a, 17);
+  }
+  if (write(up, &verdict, 1) != 1) return 8;
+  uint8_t go;
+  (void)wait_read(down, &go, 1);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("XRC: a target delivers into the SRQ another process created in the same domain (forwarded)",
+          "[verbs][xrc]") {
+  TempFile f;
+  REQUIRE(f.fd >= 0);
+  int up[2], down[2];
+  REQUIRE(pipe(up) == 0);
+  REQUIRE(pipe(down) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    _exit(xrc_child(f.path, up[1], down[0]));
+  }
+  close(up[1]);
+  close(down[0]);
+  const auto wait_read = [](int fd, void *p, size_t n) {
+    pollfd pf{fd, POLLIN, 0};
+    return ::poll(&pf, 1, 30000) == 1 && read(fd, p, n) == ssize_t(n);
+  };
+  int status = -1;
+  const auto reap = [&] {
+    for (int i = 0; i < 3000 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(10000);
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
+  };
+  {
+    Dev d;
+    ibv_xrcd *x = open_xrcd(d, f.fd, O_CREAT);
+    REQUIRE(x);
+    uint32_t srqn = 0;
+    const bool have = wait_read(up[0], &srqn, 4);
+    if (!have) reap();
+    INFO("child exit status " << status);
+    REQUIRE(have);
+    std::vector<uint8_t> big(5000), small(100, 0x5a);
+    for (size_t i = 0; i < big.size(); i++) big[i] = uint8_t(i * 13);
+    ibv_mr *mb = ibv_reg_mr(d.pd, big.data(), big.size(), 0), *ms = ibv_reg_mr(d.pd, small.data(), 100, 0);
+    REQUIRE(mb);
+    REQUIRE(ms);
+    ibv_sge bs{uintptr_t(big.data()), 5000, mb->lkey}, ss{uintptr_t(small.data()), 100, ms->lkey};
+    {
+      XrcPair p(d, x);
+      // Sent (and acknowledged by our target) before the child posts its
+      // receives: they wait in the child for them.
+      CHECK(p.post(IBV_WR_SEND, &bs, srqn).status == IBV_WC_SUCCESS);
+      ibv_send_wr wr{}, *bad;
+      wr.opcode = IBV_WR_SEND_WITH_IMM;
+      wr.imm_data = htonl(0x1234);
+      wr.sg_list = &ss;
+      wr.num_sge = 1;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.qp_type.xrc.remote_srqn = srqn;
+      REQUIRE(ibv_post_send(p.ini, &wr, &bad) == 0);
+      auto w = poll(p.scq, 1);
+      REQUIRE(w.size() == 1);
+      CHECK(w[0].status == IBV_WC_SUCCESS);
+      const uint32_t qpns[2] = {p.tgt->qp_num, p.ini->qp_num};
+      REQUIRE(write(down[1], qpns, sizeof qpns) == sizeof qpns);
+      uint8_t verdict = 0xff;
+      CHECK(wait_read(up[0], &verdict, 1));
+      CHECK(verdict == 0);
+    }
+    {
+      // RDMA to another process's SRQ: an invalid request.
+      XrcPair p(d, x);
+      CHECK(remote_error(p.post(IBV_WR_RDMA_WRITE, &ss, srqn, uintptr_t(small.data()), 1).status,
+                         IBV_WC_REM_INV_REQ_ERR));
+    }
+    // The owner gone (without cleaning up): its SRQ is no more.
+    REQUIRE(write(down[1], "x", 1) == 1);
+    reap();
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    {
+      XrcPair p(d, x);
+      CHECK(remote_error(p.post(IBV_WR_SEND, &ss, srqn).status, IBV_WC_REM_INV_REQ_ERR));
+    }
+    ibv_dereg_mr(mb);
+    ibv_dereg_mr(ms);
+    CHECK(ibv_close_xrcd(x) == 0);
+  }
+  close(up[0]);
+  close(down[1]);
+}
+
+TEST_CASE("XRC: records on a shared SRQ's socket that are not good ones are dropped and counted", "[verbs][xrc]") {
+  Dev d;
+  TempFile f;
+  REQUIRE(f.fd >= 0);
+  ibv_xrcd *x = open_xrcd(d, f.fd, O_CREAT);
+  REQUIRE(x);
+  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
+  REQUIRE(cq);
+  ibv_srq *s = xrc_srq(d, x, cq);
+  REQUIRE(s);
+  uint32_t n = 0;
+  REQUIRE(ibv_get_srq_num(s, &n) == 0);
+  // Where the SRQ is published (docs/xrc.md): root/xrc/uid/device/dev-ino/srqn.
+  struct stat st;
+  REQUIRE(fstat(f.fd, &st) == 0);
+  char leaf[80];
+  snprintf(leaf, sizeof leaf, "/%llx-%llx/%x", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, n);
+  const std::string path = usrc::xrc_dir() + "/" + std::to_string(geteuid()) + "/" + getenv("USRC_TEST_DEV") + leaf;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof a.sun_path);
+  memcpy(a.sun_path, path.c_str(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  const uint64_t before = device_counter(usrc::Counter::xrc_drops);
+  std::vector<uint8_t> one(1, 1), zeros(48, 0), ones(100, 0xff), big(9000, 0x31);
+  for (auto *b : {&one, &zeros, &ones, &big})
+    CHECK(sendto(fd, b->data(), b->size(), 0, reinterpret_cast<sockaddr *>(&a), sizeof a) == ssize_t(b->size()));
+  close(fd);
+  for (int i = 0; i < 100 && device_counter(usrc::Counter::xrc_drops) < before + 4; i++) poll(cq, 1, 0.05);
+  CHECK(device_counter(usrc::Counter::xrc_drops) >= before + 4);
+  CHECK(poll(cq, 1, 0.1).empty());   // (nothing came of them)
+  {
+    // The SRQ serves as before.
+    XrcPair p(d, x);
+    std::vector<uint8_t> src(64, 0x33), dst(64, 0);
+    ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), 64, 0), *md = ibv_reg_mr(d.pd, dst.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge rs{uintptr_t(dst.data()), 64, md->lkey}, ss{uintptr_t(src.data()), 64, ms->lkey};
+    ibv_recv_wr rw = recv_wr(4, &rs, 1), *bad;
+    REQUIRE(ibv_post_srq_recv(s, &rw, &bad) == 0);
+    CHECK(p.post(IBV_WR_SEND, &ss, n).status == IBV_WC_SUCCESS);
+    auto w = poll(cq, 1);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].status == IBV_WC_SUCCESS);
+    CHECK(dst == src);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+  }
+  CHECK(ibv_destroy_srq(s) == 0);
+  CHECK(access(path.c_str(), F_OK) != 0);   // withdrawn
+  CHECK(ibv_destroy_cq(cq) == 0);
+  CHECK(ibv_close_xrcd(x) == 0);
 }

@@ -249,7 +249,7 @@ int link_add(const LinkAddArgs &a) {
     write_file(tmp / kConfigFile, c.serialize());
     fs::rename(tmp, dev);
 
-    if (std::string err; !make_counters_dir(a.name, &err)) throw std::runtime_error(err);
+    if (std::string err; !make_counters_dir(a.name, &err) || !make_xrc_dir(&err)) throw std::runtime_error(err);
 
     // The character node libibverbs opens: a /dev/null clone. Never removed:
     // it is harmless and may serve devices of another USRC_ROOT.

@@ -5,7 +5,9 @@
 #include <arpa/inet.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -21,6 +23,18 @@ std::string root_dir() {
 uint64_t net_namespace() {
   struct stat st {};
   return stat("/proc/thread-self/ns/net", &st) == 0 ? st.st_ino : 0;
+}
+
+bool make_xrc_dir(std::string *err) {
+  const std::string d = xrc_dir();
+  struct stat st {};
+  if (mkdir(d.c_str(), 0700) == 0) {
+    if (chmod(d.c_str(), 01777) == 0) return true;
+  } else if (errno == EEXIST && lstat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return true;
+  }
+  *err = "cannot create " + d + ": " + strerror(errno);
+  return false;
 }
 
 static const char *const kCounterNames[] = {

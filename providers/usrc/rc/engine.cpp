@@ -69,6 +69,8 @@ void Engine::destroy_qp(Qp *qp, QpStorage *give_back) {
   drop_held(*qp);
   qp->rq = &qp->own_rq;   // (an SRQ may go once the QP has: a lingering QP takes no receives)
   qp->resp.has_cur = false;
+  xrc_abort(*qp);
+  qp->resp.in_msg = false;
   bool responded = qp->resp.comm_est && (qp->state == QpState::rtr || qp->state == QpState::rts ||
                                     qp->state == QpState::sqd);
   if (!responded) {
@@ -175,6 +177,7 @@ void Engine::set_state(Qp &qp, QpState s) {
     qp.local.in_place = qp.type == QpType::rc && qp.xrc == XrcRole::none && qp.local.same_host && !tun_.icrc_local && lp_->cheap_send(qp.attr.peer);
   switch (s) {
     case QpState::reset:
+      xrc_abort(qp);
       for (Cq *cq : {qp.send_cq, qp.recv_cq})
         if (cq) cq->clean(qp.qpn);
       qp.sq.clear();
@@ -260,6 +263,7 @@ void Engine::flush_queues(Qp &qp) {
   };
   if (qp.resp.has_cur) flush(qp.resp.cur);
   qp.resp.has_cur = false;
+  xrc_abort(qp);
   if (!qp.on_srq())
     for (; !qp.rq->empty(); qp.rq->pop()) flush(qp.rq->front());
   qp.resp.in_msg = false;
@@ -341,20 +345,126 @@ void Engine::post_slot(Qp &qp, uint64_t len) {
 
 // An XRC target's request names the SRQ its message is for (the XRCETH):
 // one of the target's XRC domain, whose receive WQEs, CQ and PD serve it.
-// Any other is an invalid request (IBA 9.7.5.2.2: a NAK for the expected
-// PSN; dropped otherwise).
+// An SRQ this context does not have may be another process's in the same
+// domain (one opened on the same file): the target keeps the transport
+// and hands its SENDs to the SRQ's owner (xrc_forward), who says if there
+// is no such SRQ. Any other request for such an SRQ, and one for an SRQ of
+// another domain, is an invalid request (IBA 9.7.5.2.2: a NAK for the
+// expected PSN; dropped otherwise).
 bool Engine::xrc_target(Qp &qp, const PacketView &v) {
-  if (qp.on_srq() && qp.xrc_srqn == v.p.h.xrc_srqn) return true;   // as the last
-  auto it = xrc_srqs_.find(v.p.h.xrc_srqn);
-  if (it == xrc_srqs_.end() || it->second.xrcd != qp.xrcd) {
-    if (v.psn() == qp.resp.epsn) respond_error(qp, RespErr::inv_req, v.psn());
-    else count(Counter::unknown_qp_drops);
-    return false;
+  const uint32_t n = v.p.h.xrc_srqn;
+  if (qp.xrc_srqn != n || (!qp.on_srq() && !qp.xrc_remote)) {   // (not as the last)
+    auto it = xrc_srqs_.find(n);
+    if (it != xrc_srqs_.end() && it->second.xrcd != qp.xrcd) {
+      if (v.psn() == qp.resp.epsn) respond_error(qp, RespErr::inv_req, v.psn());
+      else count(Counter::unknown_qp_drops);
+      return false;
+    }
+    qp.xrc_srqn = n;
+    qp.xrc_remote = it == xrc_srqs_.end();
+    if (qp.xrc_remote) {
+      qp.rq = &qp.own_rq;   // (empty: a target has no receive queue)
+      qp.recv_cq = nullptr;
+      qp.pd = nullptr;
+    } else {
+      qp.rq = it->second.q;
+      qp.recv_cq = it->second.cq;
+      qp.pd = it->second.pd;
+    }
   }
-  qp.rq = it->second.q;
-  qp.recv_cq = it->second.cq;
-  qp.pd = it->second.pd;
-  qp.xrc_srqn = v.p.h.xrc_srqn;
+  if (!qp.xrc_remote || (v.p.info->mask & wire::IS_SEND)) return true;
+  // (A WRITE, READ or ATOMIC would need the owner's memory keys.)
+  if (v.psn() == qp.resp.epsn) respond_error(qp, RespErr::inv_req, v.psn());
+  else count(Counter::unknown_qp_drops);
+  return false;
+}
+
+// A SEND packet for another context's SRQ, in sequence and of the right
+// length (the steps before check_resource): handed to the owner, then
+// acknowledged here. The owner places it when it has a WQE (it queues
+// the packets until then), so no RNR NAK for want of one; EAGAIN (its
+// socket full) is one. A SEND with Invalidate is an invalid request, as
+// for a local XRC SRQ (no window is bound to a target).
+Engine::RespStep Engine::xrc_forward(Qp &qp, Request &r) {
+  const wire::Headers &h = r.v.p.h;
+  r.err = RespErr::inv_req;
+  if (r.mask & wire::HAS_IETH) return RespStep::error;
+  XrcForward f;
+  f.srqn = qp.xrc_srqn;
+  f.qpn = qp.qpn;
+  f.src_qp = qp.attr.dest_qpn;
+  f.slid = qp.attr.dlid;
+  f.first = r.first;
+  f.last = r.last;
+  f.imm = r.mask & wire::HAS_IMMDT;
+  f.imm_be = h.imm_be;
+  f.solicited = h.bth.se;
+  f.data = r.v.p.payload;
+  f.len = r.len;
+  const int e = hooks_ ? hooks_->xrc_forward(qp.xrcd, f) : ENOENT;
+  if (e) {
+    if (e == EAGAIN) r.err = RespErr::rnr;
+    return RespStep::error;
+  }
+  count(Counter::xrc_forwarded);
+  qp.resp.in_msg = !r.last;
+  qp.resp.in_send = true;
+  return RespStep::acknowledge;
+}
+
+// A target leaves a forwarded message unfinished (it flushes, resets or
+// goes): the owner completes its WQE flushed.
+void Engine::xrc_abort(Qp &qp) {
+  if (!qp.xrc_remote || !qp.resp.in_msg || !hooks_) return;
+  XrcForward f;
+  f.srqn = qp.xrc_srqn;
+  f.qpn = qp.qpn;
+  f.src_qp = qp.attr.dest_qpn;
+  f.slid = qp.attr.dlid;
+  f.abort = true;
+  (void)hooks_->xrc_forward(qp.xrcd, f);
+}
+
+bool Engine::xrc_deliver(const XrcSrq &s, XrcInbound &in, const XrcForward &f) {
+  RecvQueue &q = *s.q;
+  const auto complete = [&](WcStatus st, uint32_t len) {
+    push(s.cq, {in.cur.wr.wr_id, st, WcOpcode::recv, f.imm && st == WcStatus::success, f.solicited, len,
+                f.imm_be, f.qpn, f.src_qp, f.slid, stamp()});
+    in.active = false;
+  };
+  if (f.abort) {
+    if (in.active) complete(WcStatus::wr_flush_err, 0);
+    in.discard = false;
+    return true;
+  }
+  if (f.first) {
+    if (in.active) complete(WcStatus::wr_flush_err, 0);   // (one the target abandoned)
+    if (q.empty()) return false;
+    copy_wr(in.cur.wr, q.front().wr);
+    in.cur.length = q.front().length;
+    in.cur.bad = q.front().bad;
+    q.pop(1);
+    if (q.limit && q.size() < q.limit) srq_limit(q);
+    in.active = true;
+    in.discard = false;
+    in.off = 0;
+  } else if (!in.active) {
+    // The rest of a message that failed, or of none: dropped.
+    if (!in.discard) count(Counter::xrc_drops);
+    in.discard = !f.last;
+    return true;
+  }
+  if (uint64_t(in.off) + f.len > in.cur.length) {
+    complete(WcStatus::loc_len_err, 0);
+    in.discard = !f.last;
+  } else if (in.cur.bad || !scatter(in.cur.wr.sge, in.cur.wr.num_sge, in.off, f.data, f.len)) {
+    complete(WcStatus::loc_prot_err, 0);
+    in.discard = !f.last;
+  } else {
+    in.off += f.len;
+    if (f.last) complete(WcStatus::success, in.off);
+  }
+  check_faults();
   return true;
 }
 
@@ -437,7 +547,10 @@ void Engine::invalidate_lkey(uint32_t key) {
       if (is_rd_atomic(w.wr.opcode)) w.bad |= uses(w.wr);
     }
   }
-  for (RecvQueue *q : srqs_) walk_rq(*q);
+  for (RecvQueue *q : srqs_) {
+    walk_rq(*q);
+    for (auto &[qpn, in] : q->inbound) in.cur.bad |= in.active && uses(in.cur.wr);
+  }
 }
 
 void Engine::srq_limit(RecvQueue &q) {
@@ -451,6 +564,7 @@ void Engine::resize(RecvQueue &q, Buffer<RecvWqe> &slots) {
   for (; !q.empty(); q.pop(), r.push()) r.back() = q.front();
   r.user = q.user;
   r.limit = q.limit;
+  r.inbound = std::move(q.inbound);
   slots = std::move(q.slots);
   q = std::move(r);
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <cerrno>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -46,6 +47,11 @@ struct EngineHooks {
   virtual void qp_event(Qp &, QpEvent) = 0;
   // An SRQ's limit was reached (RecvQueue::limit); it is disarmed.
   virtual void srq_event(RecvQueue &) = 0;
+  // An XRC target's SEND packet for an SRQ of its domain (xrcd) that is
+  // not this context's, handed to the SRQ's owner: 0 (handed over),
+  // EAGAIN (the owner cannot take it now: RNR) or another errno (no such
+  // SRQ: an invalid request).
+  virtual int xrc_forward(const void * /*xrcd*/, const XrcForward &) { return ENOENT; }
  protected:
   ~EngineHooks() = default;
 };
@@ -83,6 +89,17 @@ class Engine {
   void add_xrc_srq(uint32_t srqn, const XrcSrq &s) { xrc_srqs_[srqn] = s; }
   void remove_xrc_srq(uint32_t srqn);
   bool has_xrc_srq(uint32_t srqn) const { return xrc_srqs_.contains(srqn); }
+  const XrcSrq *find_xrc_srq(uint32_t srqn) const {
+    auto it = xrc_srqs_.find(srqn);
+    return it == xrc_srqs_.end() ? nullptr : &it->second;
+  }
+  // A packet another context's target forwarded (xrc_forward) into the
+  // XRC SRQ s, whose state for that target is in (in s.q->inbound, which
+  // invalidate_lkey looks at too): false if it must wait
+  // (a message's first packet, and no WQE posted); else taken (placed and,
+  // at its last packet, completed on the SRQ's CQ; or failed, its WQE
+  // completed with the error).
+  bool xrc_deliver(const XrcSrq &s, XrcInbound &in, const XrcForward &f);
   // The one source check of every packet a QP takes, on every receive path
   // (handle_packet, fast_ack, fast_sends): from the peer's address and its
   // UDP port (base port + the slot of its QPN), or, where the QP's path
@@ -314,6 +331,8 @@ class Engine {
     return (v.opcode() & 0x1f) == static_cast<uint8_t>(wire::Opcode::RC_ATOMIC_WRITE);
   }
   bool xrc_target(Qp &qp, const PacketView &v);
+  RespStep xrc_forward(Qp &qp, Request &r);
+  void xrc_abort(Qp &qp);
   RespStep check_psn(Qp &qp, Request &r);
   RespStep duplicate(Qp &qp, Request &r);
   RespStep out_of_sequence(Qp &qp, Request &r);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "usrc/net/nic.h"
@@ -100,8 +101,20 @@ struct Ring {
 // A receive queue: a QP's own, or a shared one (SRQ) that QPs of the
 // context take from. A SEND message takes its WQE off the queue at its
 // first packet (RespState::cur): a shared queue's head is no one QP's.
+// An XRC SRQ's side of a message in progress that another process's
+// target forwards (Engine::xrc_deliver).
+struct XrcInbound {
+  RecvWqe cur{};               // the WQE its first packet took
+  uint32_t off = 0;            // bytes placed so far
+  bool active = false;         // a message is in progress
+  bool discard = false;        // it failed: the rest of it is dropped
+};
+
 struct RecvQueue : Ring<RecvWqe> {
   void *user = nullptr;   // the verbs SRQ (a shared queue's owner)
+  // An XRC SRQ's messages in progress from other processes' targets, by
+  // the target's QPN.
+  std::unordered_map<uint32_t, XrcInbound> inbound;
   // SRQ limit (IBA 10.2.9.3): fewer WQEs than this left raise
   // IBV_EVENT_SRQ_LIMIT_REACHED once; 0: disarmed.
   uint32_t limit = 0;
@@ -275,6 +288,21 @@ struct XrcSrq {
   const void *xrcd = nullptr;   // its XRC domain
 };
 
+// A SEND packet an XRC target took for an SRQ of its domain that another
+// context owns (another process, on this host): what that context needs
+// to place it and complete the receive as the target would have
+// (EngineHooks::xrc_forward, Engine::xrc_deliver). abort: the target
+// abandoned the message in progress (it left RTR/RTS, or went): its WQE
+// completes flushed.
+struct XrcForward {
+  uint32_t srqn = 0, qpn = 0, src_qp = 0;   // the SRQ, the target, its peer
+  uint16_t slid = 0;
+  bool first = false, last = false, imm = false, solicited = false, abort = false;
+  uint32_t imm_be = 0;
+  const uint8_t *data = nullptr;
+  uint32_t len = 0;
+};
+
 struct Qp {
   Qp() = default;
   Qp(const Qp &) = delete;     // (rq may point into it)
@@ -284,6 +312,9 @@ struct Qp {
   XrcRole xrc = XrcRole::none;
   const void *xrcd = nullptr;  // a target's XRC domain
   uint32_t xrc_srqn = 0;       // a target's: the SRQ rq points into, if not own_rq
+  // A target's: xrc_srqn is no SRQ of this context; its SENDs are handed
+  // to the SRQ's owner (EngineHooks::xrc_forward).
+  bool xrc_remote = false;
   QpState state = QpState::reset;
   bool sq_sig_all = false;
   Cq *send_cq = nullptr, *recv_cq = nullptr;

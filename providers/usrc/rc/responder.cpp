@@ -378,6 +378,7 @@ Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
 // is RNR; a SEND longer than the receive buffer completes that WQE with a
 // local length error and is an invalid request (class C).
 Engine::RespStep Engine::check_resource(Qp &qp, Request &r) {
+  if (qp.xrc_remote) [[unlikely]] return xrc_forward(qp, r);   // (another process's SRQ)
   if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && !recv_wqe(qp)) {
     r.err = RespErr::rnr;
     return RespStep::error;

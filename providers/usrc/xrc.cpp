@@ -209,7 +209,6 @@ int get_srq_num(ibv_srq *ibsrq, uint32_t *srq_num) {
   return 0;
 }
 
-
 // ------------------------------------------- sharing with other processes
 
 namespace {
@@ -316,7 +315,7 @@ bool Context::xrc_open() {
     xrc_failed_ = true;
     return false;
   }
-  xrc_buf_ = std::make_unique_for_overwrite<uint8_t[]>(sizeof(Record) + kMaxPayload + 1);
+  xrc_buf_ = std::make_unique_for_overwrite<uint8_t[]>(sizeof(Record) + kMaxPayload);
   xrc_fd_.store(fd, std::memory_order_release);
   uint64_t one = 1;   // (the progress thread watches it from its next sleep)
   (void)!write(wake_fd_, &one, sizeof one);

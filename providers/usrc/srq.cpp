@@ -227,7 +227,7 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
 // once, under the engine's lock, in order; its completion (signaled, or
 // an error) is on the SRQ's CQ before the call returns. An operation that
 // cannot be taken stops the list there (*bad): EINVAL (bad input: an
-// unknown opcode, flag or handle, too many SGEs), ENOMEM (the list is
+// unknown opcode, flag or handle, too many SGEs or none given), ENOMEM (the list is
 // full, more than max_ops operations, no room in the CQ). A DEL of a tag
 // that is no longer posted (a message consumed it) completes with
 // IBV_WC_TM_ERR.
@@ -246,7 +246,8 @@ int post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *wr, ibv_ops_wr **bad) {
     const ibv_ops_wr &w = *wr;
     const uint32_t h = w.tm.handle;
     if ((w.flags & ~(IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC)) ||
-        (w.opcode == IBV_WR_TAG_ADD && (w.tm.add.num_sge < 0 || w.tm.add.num_sge > int(rc::kMaxSge))) ||
+        (w.opcode == IBV_WR_TAG_ADD && (w.tm.add.num_sge < 0 || w.tm.add.num_sge > int(rc::kMaxSge) ||
+                                        (w.tm.add.num_sge && !w.tm.add.sg_list))) ||
         (w.opcode == IBV_WR_TAG_DEL && h >= l.e.size()) ||
         (w.opcode != IBV_WR_TAG_ADD && w.opcode != IBV_WR_TAG_DEL && w.opcode != IBV_WR_TAG_SYNC)) {
       err = EINVAL;

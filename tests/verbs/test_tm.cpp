@@ -533,6 +533,9 @@ TEST_CASE("TM: list operations' bad input: errors, the list stopped at the bad o
   w[3].next = nullptr;
   w[3].tm.add.num_sge = 9;
   CHECK(ibv_post_srq_ops(t.srq, &w[3], &bad) == EINVAL);
+  w[3].tm.add.num_sge = 1;
+  w[3].tm.add.sg_list = nullptr;
+  CHECK(ibv_post_srq_ops(t.srq, &w[3], &bad) == EINVAL);
   CHECK(poll_ex(t.cqx, 1, 0.2).empty());
   // More than max_ops (3) in one call: ENOMEM at the fourth.
   ibv_ops_wr s[4]{};

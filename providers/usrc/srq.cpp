@@ -3,6 +3,7 @@
 // guards it.
 #include <cerrno>
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -227,10 +228,10 @@ int post_srq_recv(ibv_srq *ibsrq, ibv_recv_wr *wr, ibv_recv_wr **bad) {
 // once, under the engine's lock, in order; its completion (signaled, or
 // an error) is on the SRQ's CQ before the call returns. An operation that
 // cannot be taken stops the list there (*bad): EINVAL (bad input: an
-// unknown opcode, flag or handle, too many SGEs or none given), ENOMEM (the list is
-// full, more than max_ops operations, no room in the CQ). A DEL of a tag
-// that is no longer posted (a message consumed it) completes with
-// IBV_WC_TM_ERR.
+// unknown opcode, flag or handle, too many SGEs or none given), ENOMEM
+// (the list is full, more than max_ops operations, no room in the CQ).
+// A DEL of a tag that is no longer posted (a message consumed it)
+// completes with IBV_WC_TM_ERR.
 int post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *wr, ibv_ops_wr **bad) {
   Srq *srq = to_srq(ibsrq);
   if (!srq->tm) {
@@ -245,21 +246,26 @@ int post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *wr, ibv_ops_wr **bad) {
   for (uint32_t n = 0; wr; wr = wr->next, n++) {
     const ibv_ops_wr &w = *wr;
     const uint32_t h = w.tm.handle;
+    // (From C, the opcode may be any value: read as an int, not as the
+    // enum, whose values end at 3.)
+    int op;
+    static_assert(sizeof op == sizeof w.opcode);
+    std::memcpy(&op, &w.opcode, sizeof op);
     if ((w.flags & ~(IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC)) ||
-        (w.opcode == IBV_WR_TAG_ADD && (w.tm.add.num_sge < 0 || w.tm.add.num_sge > int(rc::kMaxSge) ||
-                                        (w.tm.add.num_sge && !w.tm.add.sg_list))) ||
-        (w.opcode == IBV_WR_TAG_DEL && h >= l.e.size()) ||
-        (w.opcode != IBV_WR_TAG_ADD && w.opcode != IBV_WR_TAG_DEL && w.opcode != IBV_WR_TAG_SYNC)) {
+        (op == IBV_WR_TAG_ADD && (w.tm.add.num_sge < 0 || w.tm.add.num_sge > int(rc::kMaxSge) ||
+                                  (w.tm.add.num_sge && !w.tm.add.sg_list))) ||
+        (op == IBV_WR_TAG_DEL && h >= l.e.size()) ||
+        (op != IBV_WR_TAG_ADD && op != IBV_WR_TAG_DEL && op != IBV_WR_TAG_SYNC)) {
       err = EINVAL;
       break;
     }
-    if (n == l.max_ops || l.cq->full() || (w.opcode == IBV_WR_TAG_ADD && l.free == rc::TagList::kNone)) {
+    if (n == l.max_ops || l.cq->full() || (op == IBV_WR_TAG_ADD && l.free == rc::TagList::kNone)) {
       err = ENOMEM;
       break;
     }
     if (w.flags & IBV_OPS_TM_SYNC) l.sync(w.tm.unexpected_cnt);
     rc::Completion cpl{w.wr_id, rc::WcStatus::success, rc::WcOpcode::tm_sync, false, false, 0, 0, 0, 0, 0, now_ns()};
-    if (w.opcode == IBV_WR_TAG_ADD) {
+    if (op == IBV_WR_TAG_ADD) {
       rc::TagList::Entry &e = *l.add();
       const ibv_recv_wr rw{w.tm.add.recv_wr_id, nullptr, w.tm.add.sg_list, w.tm.add.num_sge};
       uint64_t len;
@@ -271,14 +277,14 @@ int post_srq_ops(ibv_srq *ibsrq, ibv_ops_wr *wr, ibv_ops_wr **bad) {
       e.mask = w.tm.add.mask;
       wr->tm.handle = static_cast<uint32_t>(&e - l.e.data());
       cpl.opcode = rc::WcOpcode::tm_add;
-    } else if (w.opcode == IBV_WR_TAG_DEL) {
+    } else if (op == IBV_WR_TAG_DEL) {
       cpl.opcode = rc::WcOpcode::tm_del;
       if (l.e[h].posted) l.remove(h);
       else cpl.status = rc::WcStatus::tm_err;
     }
     // The counts differ: the application has unexpected messages to
     // handle, and then a TAG_SYNC to post (its tags added meanwhile wait).
-    if (w.opcode != IBV_WR_TAG_SYNC && !l.in_sync()) cpl.tm_flags = rc::kWcTmSyncReq;
+    if (op != IBV_WR_TAG_SYNC && !l.in_sync()) cpl.tm_flags = rc::kWcTmSyncReq;
     if ((w.flags & IBV_OPS_SIGNALED) || cpl.status != rc::WcStatus::success) l.cq->push(cpl);
   }
   if (err && bad) *bad = wr;

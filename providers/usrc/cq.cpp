@@ -25,6 +25,12 @@ static_assert(int(rc::WcOpcode::recv_rdma_with_imm) == IBV_WC_RECV_RDMA_WITH_IMM
               int(rc::WcOpcode::bind_mw) == IBV_WC_BIND_MW && int(rc::WcOpcode::local_inv) == IBV_WC_LOCAL_INV &&
               int(rc::WcStatus::mw_bind_err) == IBV_WC_MW_BIND_ERR);
 static_assert(int(rc::WcOpcode::rdma_write) == IBV_WC_RDMA_WRITE);
+static_assert(int(rc::WcOpcode::tm_add) == IBV_WC_TM_ADD && int(rc::WcOpcode::tm_del) == IBV_WC_TM_DEL &&
+              int(rc::WcOpcode::tm_sync) == IBV_WC_TM_SYNC && int(rc::WcOpcode::tm_recv) == IBV_WC_TM_RECV &&
+              int(rc::WcOpcode::tm_no_tag) == IBV_WC_TM_NO_TAG && int(rc::WcStatus::tm_err) == IBV_WC_TM_ERR &&
+              int(rc::WcStatus::tm_rndv_incomplete) == IBV_WC_TM_RNDV_INCOMPLETE);
+static_assert(rc::kWcTmSyncReq == IBV_WC_TM_SYNC_REQ && rc::kWcTmMatch == IBV_WC_TM_MATCH &&
+              rc::kWcTmDataValid == IBV_WC_TM_DATA_VALID);
 static_assert(int(rc::WcStatus::success) == IBV_WC_SUCCESS && int(rc::WcOpcode::recv) == IBV_WC_RECV);
 // rc::Wc is struct ibv_wc as the transport writes it (Engine::DirectWc).
 #define USRC_SAME_FIELD(a, b) \
@@ -169,7 +175,8 @@ static int drain(Cq *cq, int ne, ibv_wc *wc) {
     w.imm_data = c.with_imm || c.with_inv ? c.imm_be : 0;   // (invalidated_rkey: the same field)
     w.qp_num = c.qp_num;
     w.src_qp = c.src_qp;
-    w.wc_flags = (c.with_imm ? IBV_WC_WITH_IMM : 0) | (c.with_inv ? IBV_WC_WITH_INV : 0) | (c.grh ? IBV_WC_GRH : 0);
+    w.wc_flags = (c.with_imm ? IBV_WC_WITH_IMM : 0) | (c.with_inv ? IBV_WC_WITH_INV : 0) | (c.grh ? IBV_WC_GRH : 0) |
+                 c.tm_flags;
     w.pkey_index = 0;
     w.slid = c.slid;
     w.sl = 0;
@@ -266,7 +273,12 @@ uint32_t read_qp_num(ibv_cq_ex *x) { return cur(x).qp_num; }
 uint32_t read_src_qp(ibv_cq_ex *x) { return cur(x).src_qp; }
 unsigned int read_wc_flags(ibv_cq_ex *x) {
   return (cur(x).with_imm ? IBV_WC_WITH_IMM : 0) | (cur(x).with_inv ? IBV_WC_WITH_INV : 0) |
-         (cur(x).grh ? IBV_WC_GRH : 0);
+         (cur(x).grh ? IBV_WC_GRH : 0) | cur(x).tm_flags;
+}
+// Tag matching (rc/tm.h): a matched message's TMH tag and app context.
+void read_tm_info(ibv_cq_ex *x, ibv_wc_tm_info *info) {
+  info->tag = cur(x).tm_tag;
+  info->priv = cur(x).tm_priv;
 }
 uint32_t read_slid(ibv_cq_ex *x) { return cur(x).slid; }
 uint8_t read_sl(ibv_cq_ex *) { return 0; }
@@ -287,12 +299,12 @@ uint64_t read_completion_wallclock_ns(ibv_cq_ex *x) {
 constexpr uint64_t kWcFlags =
     IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
     IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS |
-    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
 
 }  // namespace
 
 ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *a) {
-  // Flow tags, VLANs and tag matching are not implemented.
+  // Flow tags and VLANs are not implemented.
   if ((a->wc_flags & ~kWcFlags) ||
       (a->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) ||
       ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
@@ -334,6 +346,7 @@ ibv_cq_ex *create_cq_ex(ibv_context *ibctx, ibv_cq_init_attr_ex *a) {
   x.read_dlid_path_bits = at_boundary<read_dlid_path_bits>;
   x.read_completion_ts = at_boundary<read_completion_ts>;
   x.read_completion_wallclock_ns = at_boundary<read_completion_wallclock_ns>;
+  x.read_tm_info = at_boundary<read_tm_info>;
   return &x;
 }
 

@@ -56,6 +56,7 @@ static const verbs_context_ops kOps = [] {
   o.poll_cq = at_boundary<poll_cq, true>;
   o.post_recv = at_boundary<post_recv>;
   o.post_send = at_boundary<post_send>;
+  o.post_srq_ops = at_boundary<post_srq_ops>;
   o.post_srq_recv = at_boundary<post_srq_recv>;
   o.query_device_ex = at_boundary<query_device_ex>;
   o.query_port = at_boundary<query_port>;
@@ -297,6 +298,12 @@ int query_device_ex(ibv_context *ibctx, const ibv_query_device_ex_input *, ibv_d
   a.packet_pacing_caps.qp_rate_limit_min = kMinRateLimitKbps;
   a.packet_pacing_caps.qp_rate_limit_max = kMaxRateLimitKbps;
   a.packet_pacing_caps.supported_qpts = 1 << IBV_QPT_RC;
+  // Tag matching on RC QPs (rc/tm.h).
+  a.tm_caps.max_rndv_hdr_size = rc::kTmMaxRndvHdr;
+  a.tm_caps.max_num_tags = rc::kTmMaxTags;
+  a.tm_caps.flags = IBV_TM_CAP_RC;
+  a.tm_caps.max_ops = rc::kTmMaxOps;
+  a.tm_caps.max_sge = rc::kMaxSge;
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
   // ibv_query_device passes the legacy struct, placed at orig_attr, with
   // attr_size = sizeof(ibv_device_attr): then nothing else may be written.

@@ -36,6 +36,11 @@ static ibv_qp *make_qp(ibv_context *ibctx, ibv_pd *ibpd, ibv_qp_init_attr *ia, X
     errno = EINVAL;
     return nullptr;
   }
+  // Tag matching is RC's only (IBV_TM_CAP_RC).
+  if (srq && srq->tm && ia->qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
   auto *qp = new (std::nothrow) Qp{};
   if (!qp) {
     errno = ENOMEM;
@@ -53,8 +58,9 @@ static ibv_qp *make_qp(ibv_context *ibctx, ibv_pd *ibpd, ibv_qp_init_attr *ia, X
   // made (and, if no QP comes of it, freed) outside the engine's lock.
   rc::QpStorage st;
   int e = ENOMEM;
+  // (On a TM SRQ: room for the rendezvous's own WQEs too, rc/tm.h.)
   if (!no_throw([&] { st = rc::QpStorage(std::max(cap.max_send_wr, 1u), std::max(cap.max_recv_wr, 1u),
-                                         ibpd ? to_pd(ibpd)->buffers() : nullptr); }, &e)) {
+                                         ibpd ? to_pd(ibpd)->buffers() : nullptr, srq && srq->tm ? rc::kTmWqes : 0); }, &e)) {
     delete qp;
     errno = e;
     return nullptr;

@@ -173,6 +173,8 @@ struct Srq {
   // q.inbound).
   bool published = false;
   std::deque<std::vector<uint8_t>> waiting;
+  // A tag matching SRQ's list (q.tm points to it; rc/tm.h).
+  std::unique_ptr<rc::TagList> tm;
 };
 
 struct Cq {
@@ -548,6 +550,7 @@ int modify_srq(ibv_srq *, ibv_srq_attr *, int);
 int query_srq(ibv_srq *, ibv_srq_attr *);
 int destroy_srq(ibv_srq *);
 int post_srq_recv(ibv_srq *, ibv_recv_wr *, ibv_recv_wr **);
+int post_srq_ops(ibv_srq *, ibv_ops_wr *, ibv_ops_wr **);
 // One receive WR's SGEs checked against the PD and mapped (qp.cpp); false
 // if one fails its lkey, bounds or access check: the WQE is posted bad and
 // fails when used.

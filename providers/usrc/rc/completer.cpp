@@ -18,6 +18,7 @@ static WcOpcode wc_opcode(const SendWqe &w) { return wr_info(w.wr.opcode).wc_opc
     qp.local.placed--;
     return;
   }
+  if (w.wr.flags & kTmInternal) [[unlikely]] return tm_wqe_done(qp, w, WcStatus::success);
   if (qp.sq_sig_all || (w.wr.flags & kSignaled))
     push(qp.send_cq, {w.wr.wr_id, WcStatus::success, wc_opcode(w), false, false,
                       w.wr.opcode == WrOpcode::rdma_read ? w.length
@@ -246,7 +247,8 @@ void Engine::fail_head(Qp &qp, WcStatus st) {
   }
   if (!qp.sq.empty()) {
     SendWqe &w = qp.sq.front();
-    push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, stamp()});
+    if (w.wr.flags & kTmInternal) tm_wqe_done(qp, w, st);
+    else push(qp.send_cq, {w.wr.wr_id, st, wc_opcode(w), false, false, 0, 0, qp.qpn, 0, 0, stamp()});
     qp.sq.pop();
   }
   // Reported by the completion, not as an async event (IBA 10.8.3.1).

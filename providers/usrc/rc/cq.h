@@ -47,6 +47,8 @@ class Cq {
       fire();
     return true;
   }
+  // A push now would find the ring full (the producer's side).
+  bool full() const { return next(tail_.load(std::memory_order_relaxed)) == head_.load(std::memory_order_acquire); }
   void arm(bool solicited_only);
   // Any thread: up to max completions, oldest first, each handed to
   // f(const Completion &) as it is taken (no copy in between); returns how

@@ -181,6 +181,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       for (Cq *cq : {qp.send_cq, qp.recv_cq})
         if (cq) cq->clean(qp.qpn);
       qp.sq.clear();
+      qp.tm_wqes = 0;
       if (!qp.on_srq()) qp.rq->clear();
       qp.resp.has_cur = false;
       qp.local.placed = 0;
@@ -251,6 +252,10 @@ void Engine::flush_queues(Qp &qp) {
   for (; !qp.sq.empty(); qp.sq.pop()) {
     SendWqe &w = qp.sq.front();
     if (w.placed) continue;   // completed when placed
+    if (w.wr.flags & kTmInternal) {
+      tm_wqe_done(qp, w, WcStatus::wr_flush_err);
+      continue;
+    }
     push(qp.send_cq, {w.wr.wr_id, WcStatus::wr_flush_err, wr_info(w.wr.opcode).wc_opcode, false, false, 0, 0, qp.qpn,
                       0, 0, now});
   }
@@ -549,6 +554,8 @@ void Engine::invalidate_lkey(uint32_t key) {
   }
   for (RecvQueue *q : srqs_) {
     walk_rq(*q);
+    if (q->tm)
+      for (TagList::Entry &t : q->tm->e) t.wqe.bad |= t.posted && uses(t.wqe.wr);
     for (auto &[qpn, in] : q->inbound) in.cur.bad |= in.active && uses(in.cur.wr);
   }
 }
@@ -563,6 +570,7 @@ void Engine::resize(RecvQueue &q, Buffer<RecvWqe> &slots) {
   r.adopt(slots);
   for (; !q.empty(); q.pop(), r.push()) r.back() = q.front();
   r.user = q.user;
+  r.tm = q.tm;
   r.limit = q.limit;
   r.inbound = std::move(q.inbound);
   slots = std::move(q.slots);

@@ -22,6 +22,7 @@
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
 #include "usrc/rc/qp.h"
+#include "usrc/rc/tm.h"
 #include "usrc/rc/wr_opcode.h"
 
 namespace usrc::rc {
@@ -324,6 +325,7 @@ class Engine {
     uint32_t psn, mask, len;
     bool first, last, is_send, is_write, placed;
     uint8_t *to = nullptr;   // check_rkey: where a WRITE's payload goes
+    uint32_t skip = 0;       // payload bytes not placed (a matched TMH: tm_receive)
     RespErr err = RespErr::inv_req;
   };
   void responder_rx(Qp &qp, const struct PacketView &p);
@@ -439,6 +441,14 @@ class Engine {
     if (q.limit && q.size() < q.limit) [[unlikely]] srq_limit(q);
   }
   void srq_limit(RecvQueue &q);
+  // tm.cpp: tag matching on a TM SRQ (tm.h). tm_receive: check_resource's
+  // part for a SEND's packet (false: not taken, r.err says why);
+  // tm_complete: a tag matching message's last packet completes it.
+  bool tm_receive(Qp &qp, Request &r);
+  void tm_complete(Qp &qp, const Request &r);
+  void tm_post(Qp &qp, uint32_t len);
+  // An internal WQE (kTmInternal) is done, with st.
+  void tm_wqe_done(Qp &qp, const SendWqe &w, WcStatus st);
   void datagram_rx(Qp &qp, const struct PacketView &v, size_t pkt_len);
   void uc_rx(Qp &qp, const struct PacketView &v);
   void hold(Qp &qp, const struct PacketView &p);

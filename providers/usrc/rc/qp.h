@@ -110,8 +110,10 @@ struct XrcInbound {
   bool discard = false;        // it failed: the rest of it is dropped
 };
 
+struct TagList;
 struct RecvQueue : Ring<RecvWqe> {
   void *user = nullptr;   // the verbs SRQ (a shared queue's owner)
+  TagList *tm = nullptr;  // a tag matching SRQ's list (tm.h)
   // An XRC SRQ's messages in progress from other processes' targets, by
   // the target's QPN.
   std::unordered_map<uint32_t, XrcInbound> inbound;
@@ -213,6 +215,25 @@ struct CompState {
   bool sqd_drained = false;   // IBV_EVENT_SQ_DRAINED raised: once per entry into SQD
 };
 
+// What the responder learnt of the message in progress on a TM SRQ (tm.h)
+// from its first packet (RespState::tm; kind none: not a tag matching one).
+struct TmRecv {
+  enum class Kind : uint8_t {
+    none,
+    eager,        // matched: the payload less its TMH into the tag's buffer (RespState::cur)
+    rndv,         // matched rendezvous: the data READ from the sender, then a FIN
+    rndv_sw,      // matched rendezvous this side does not fetch: the request into the
+                  //   buffer, completed IBV_WC_TM_RNDV_INCOMPLETE (the application reads)
+    unexpected,   // no match: into an SRQ WQE, TMH and all
+    no_tag,       // TMH opcode NO_TAG: the same, not counted as unexpected
+  };
+  Kind kind = Kind::none;
+  uint32_t priv = 0;   // the TMH's app context (host order)
+  uint64_t tag = 0;
+  uint64_t va = 0;     // rndv: the RVH
+  uint32_t rkey = 0, len = 0;
+};
+
 // The responder's state (responder.cpp): requests in, executed, ACKed.
 struct RespState {
   uint32_t epsn = 0;          // expected PSN (rq_psn)
@@ -246,6 +267,7 @@ struct RespState {
   uint32_t write_rkey = 0;
   uint32_t write_left = 0;
   uint32_t write_len = 0;
+  TmRecv tm;
 };
 
 // The same-host path's state: the short cuts a peer on this host allows.
@@ -332,9 +354,12 @@ struct Qp {
   RecvQueue *rq = &own_rq;     // the receive queue: own_rq or an SRQ's
   bool on_srq() const { return rq != &own_rq; }
   uint32_t sq_cap = 1;         // WQEs the application may have outstanding
-  // Room for this many more send WRs (placed ones do not count).
+  // The engine's own WQEs in sq (kTmInternal: a rendezvous's READ and
+  // FIN), in kTmWqes slots beyond the application's.
+  uint32_t tm_wqes = 0;
+  // Room for this many more send WRs (placed and internal ones do not count).
   uint32_t send_room() const {
-    const uint64_t busy = sq.tail - sq.head - local.placed;
+    const uint64_t busy = sq.tail - sq.head - local.placed - tm_wqes;
     return busy >= sq_cap ? 0 : sq_cap - static_cast<uint32_t>(busy);
   }
 
@@ -352,9 +377,10 @@ struct QpStorage {
   Buffer<SendWqe> sq;
   Buffer<RecvWqe> rq;
   QpStorage() = default;
-  // For max_send_wr and max_recv_wr WQEs (0 counts as 1).
-  QpStorage(uint32_t max_send_wr, uint32_t max_recv_wr, BufferSource *src)
-      : sq((max_send_wr ? max_send_wr : 1) + kPlacedSlack, src, BufferKind::send_queue),
+  // For max_send_wr and max_recv_wr WQEs (0 counts as 1), and extra send
+  // WQEs of the engine's own (Qp::tm_wqes).
+  QpStorage(uint32_t max_send_wr, uint32_t max_recv_wr, BufferSource *src, uint32_t extra_send = 0)
+      : sq((max_send_wr ? max_send_wr : 1) + kPlacedSlack + extra_send, src, BufferKind::send_queue),
         rq(max_recv_wr ? max_recv_wr : 1, src, BufferKind::recv_queue) {}
 };
 

@@ -152,8 +152,9 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
   // No ICRC is accepted only from this host: the QP's peer, on a local
   // path. In order (check_psn), between messages (check_op_seq), past its
   // first request (note_first_request).
+  // (Not on a tag matching SRQ: its SENDs are looked at, tm_receive.)
   if (!qp || qp->type != QpType::rc || !qp->local.same_host || !from_peer(*qp, pkts[0].src) || qp->linger_until || !qp->resp.comm_est ||
-      qp->state < QpState::rtr || qp->state > QpState::sqd || qp->resp.in_msg || qp->resp.held)
+      qp->state < QpState::rtr || qp->state > QpState::sqd || qp->resp.in_msg || qp->resp.held || qp->rq->tm)
     return 0;
   uint64_t bytes = 0;
   const uint32_t pmtu = qp->attr.pmtu;
@@ -379,13 +380,14 @@ Engine::RespStep Engine::check_length(Qp &qp, Request &r) {
 // local length error and is an invalid request (class C).
 Engine::RespStep Engine::check_resource(Qp &qp, Request &r) {
   if (qp.xrc_remote) [[unlikely]] return xrc_forward(qp, r);   // (another process's SRQ)
+  if (r.is_send && qp.rq->tm && !tm_receive(qp, r)) [[unlikely]] return RespStep::error;
   if ((r.is_send || (r.mask & wire::HAS_IMMDT)) && !recv_wqe(qp)) {
     r.err = RespErr::rnr;
     return RespStep::error;
   }
   if (!r.is_send) return RespStep::check_rkey;
   if (r.first) qp.resp.recv_offset = 0;
-  if (r.first && !r.last) take_recv(qp);
+  if (r.first && !r.last && !qp.resp.has_cur) take_recv(qp);   // (a matched tag's is taken)
   if (static_cast<uint64_t>(qp.resp.recv_offset) + r.len > recv_wqe(qp)->length) {
     complete_recv(qp, WcStatus::loc_len_err, WcOpcode::recv, 0, false, 0, false);
     return RespStep::error;   // (inv_req)
@@ -417,7 +419,7 @@ Engine::RespStep Engine::check_rkey(Qp &qp, Request &r) {
 
 Engine::RespStep Engine::execute(Qp &qp, Request &r) {
   if (r.is_send) {
-    if (execute_send(qp, *recv_wqe(qp), qp.resp.recv_offset, r.v.p.payload, r.len)) return RespStep::complete;
+    if (execute_send(qp, *recv_wqe(qp), qp.resp.recv_offset, r.v.p.payload + r.skip, r.len)) return RespStep::complete;
     // The receive buffer was unmapped: the WQE completes with a local
     // protection error, the requester gets a remote operational error.
     complete_recv(qp, WcStatus::loc_prot_err, WcOpcode::recv, 0, false, 0, false);
@@ -471,6 +473,8 @@ Engine::RespStep Engine::complete(Qp &qp, Request &r) {
     complete_recv(qp, none, *recv_wqe(qp), WcStatus::success, WcOpcode::recv, qp.resp.recv_offset, false, h.ieth,
                   h.bth.se, true);
     release_recv(qp);
+  } else if (r.is_send && r.last && qp.resp.tm.kind != TmRecv::Kind::none) [[unlikely]] {
+    tm_complete(qp, r);
   } else if (r.is_send) {
     RecvSink none;
     complete_send(qp, none, *recv_wqe(qp), r.last, r.mask & wire::HAS_IMMDT, h.imm_be, h.bth.se);

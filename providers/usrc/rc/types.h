@@ -39,12 +39,14 @@ enum class WcStatus : uint8_t {   // = enum ibv_wc_status
   success = 0, loc_len_err = 1, loc_qp_op_err = 2, loc_prot_err = 4, wr_flush_err = 5, mw_bind_err = 6,
   rem_inv_req_err = 9, rem_access_err = 10, rem_op_err = 11, retry_exc_err = 12,
   rnr_retry_exc_err = 13, fatal_err = 19, general_err = 21,
+  tm_err = 22, tm_rndv_incomplete = 23,   // tag matching (tm.h)
 };
 
 enum class WcOpcode : uint8_t {   // = enum ibv_wc_opcode
   send = 0, rdma_write = 1, rdma_read = 2, comp_swap = 3, fetch_add = 4, bind_mw = 5, local_inv = 6,
   atomic_write = 9,
   recv = 128, recv_rdma_with_imm = 129,
+  tm_add = 130, tm_del = 131, tm_sync = 132, tm_recv = 133, tm_no_tag = 134,   // tag matching (tm.h)
 };
 
 enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
@@ -60,6 +62,9 @@ constexpr uint32_t kMaxRdAtomic = 16;   // initiator depth and responder resourc
 
 enum WrFlags : uint32_t {         // = enum ibv_send_flags
   kFence = 1, kSignaled = 2, kSolicited = 4, kInline = 8,
+  // (Not a verbs flag: a WQE the engine posted itself for tag matching's
+  // rendezvous, Engine::tm_wqe_done.)
+  kTmInternal = 1u << 31,
 };
 
 struct Sge {
@@ -132,7 +137,13 @@ struct Completion {
   uint64_t timestamp_ns;
   bool grh = false;     // a UD receive whose buffer starts with the GRH (IBV_WC_GRH)
   bool with_inv = false;   // a SEND_WITH_INV's: imm_be holds the invalidated R_Key (host order)
+  // Tag matching (tm.h): kWcTm* flags, and the TMH's app context and tag
+  // (ibv_wc_tm_info).
+  uint8_t tm_flags = 0;
+  uint32_t tm_priv = 0;
+  uint64_t tm_tag = 0;
 };
+constexpr uint8_t kWcTmSyncReq = 1u << 4, kWcTmMatch = 1u << 5, kWcTmDataValid = 1u << 6;   // = IBV_WC_TM_*
 
 // A work completion laid out as libibverbs' struct ibv_wc (its ABI, which
 // the verbs glue checks field by field): what the transport writes

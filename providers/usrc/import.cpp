@@ -29,6 +29,7 @@
 #include <cerrno>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "usrc/boundary.h"
@@ -101,24 +102,36 @@ verbs_context *import_context(ibv_device *, int cmd_fd) {
 
 // ---------------------------------------------------------------- objects
 
+// An import's shape: a new T for the original O that find(T &) gives,
+// found (and counted as imported) under its table's lock; nullptr: no such
+// object, EINVAL.
+template <class T, class O, class Find>
+static std::pair<T *, O *> make_import(Find find) {
+  auto *t = new (std::nothrow) T{};
+  if (!t) {
+    errno = ENOMEM;
+    return {};
+  }
+  O *o = find(*t);
+  if (!o) {
+    delete t;
+    errno = EINVAL;
+    return {};
+  }
+  return {t, o};
+}
+
 // A PD's handle (ibv_pd.handle; ibv_alloc_pd's PD has a number of its
 // own, a parent domain or an import its PD's) names a PD, never a parent
 // domain or an import.
 ibv_pd *import_pd(ibv_context *ibctx, uint32_t handle) {
-  auto *pd = new (std::nothrow) Pd{};
-  if (!pd) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  Pd *base = impl(ibctx).with_pd(handle, [](Pd *p) {
-    if (p) p->users++;   // (under the table's lock: dealloc_pd removes it first)
-    return p;
+  auto [pd, base] = make_import<Pd, Pd>([&](Pd &) {
+    return impl(ibctx).with_pd(handle, [](Pd *p) {
+      if (p) p->users++;   // (under the table's lock: dealloc_pd removes it first)
+      return p;
+    });
   });
-  if (!base) {
-    delete pd;
-    errno = EINVAL;
-    return nullptr;
-  }
+  if (!pd) return nullptr;
   pd->pd.context = ibctx;
   pd->pd.handle = handle;
   pd->base = pd->over = base;
@@ -134,38 +147,27 @@ void unimport_pd(ibv_pd *ibpd) {
 // An MR of pd's protection domain, by its key; a memory window's key names
 // no MR.
 ibv_mr *import_mr(ibv_pd *ibpd, uint32_t handle) {
-  auto *mr = new (std::nothrow) Mr{};
-  if (!mr) {
-    errno = ENOMEM;
-    return nullptr;
-  }
   Context &c = impl(ibpd->context);
-  Mr *o = nullptr;
-  {
+  auto [mr, o] = make_import<Mr, Mr>([&](Mr &mr) {
     std::lock_guard g(c.engine().mu);
-    o = c.lookup_mr(handle);
-    if (o && (o->mw || o->origin || o->pd != prot_pd(ibpd))) o = nullptr;
-    if (o) {
-      mr->pd = o->pd;
-      mr->addr = o->addr;
-      mr->iova = o->iova;
-      mr->length = o->length;
-      mr->access = o->access;
-      mr->odp = o->odp;
-      mr->vmr.mr_type = IBV_MR_TYPE_MR;
-      mr->vmr.access = o->vmr.access;
-      mr->vmr.ibmr.lkey = o->vmr.ibmr.lkey;
-      mr->vmr.ibmr.rkey = o->vmr.ibmr.rkey;
-      mr->vmr.ibmr.handle = handle;
-      mr->vmr.ibmr.length = o->vmr.ibmr.length;
-      o->imports++;
-    }
-  }
-  if (!o) {
-    delete mr;
-    errno = EINVAL;
-    return nullptr;
-  }
+    Mr *o = c.lookup_mr(handle);
+    if (!o || o->mw || o->origin || o->pd != prot_pd(ibpd)) return static_cast<Mr *>(nullptr);
+    mr.pd = o->pd;
+    mr.addr = o->addr;
+    mr.iova = o->iova;
+    mr.length = o->length;
+    mr.access = o->access;
+    mr.odp = o->odp;
+    mr.vmr.mr_type = IBV_MR_TYPE_MR;
+    mr.vmr.access = o->vmr.access;
+    mr.vmr.ibmr.lkey = o->vmr.ibmr.lkey;
+    mr.vmr.ibmr.rkey = o->vmr.ibmr.rkey;
+    mr.vmr.ibmr.handle = handle;
+    mr.vmr.ibmr.length = o->vmr.ibmr.length;
+    o->imports++;
+    return o;
+  });
+  if (!mr) return nullptr;
   mr->origin = o;
   mr->on = to_pd(ibpd);
   mr->on->users++;
@@ -185,20 +187,13 @@ void unimport_mr(ibv_mr *ibmr) {
 }
 
 ibv_dm *import_dm(ibv_context *ibctx, uint32_t handle) {
-  auto *dm = new (std::nothrow) Dm{};
-  if (!dm) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  Dm *o = impl(ibctx).with_dm(handle, [](Dm *d) {
-    if (d) d->imports++;   // (under the table's lock: free_dm removes it first)
-    return d;
+  auto [dm, o] = make_import<Dm, Dm>([&](Dm &) {
+    return impl(ibctx).with_dm(handle, [](Dm *d) {
+      if (d) d->imports++;   // (under the table's lock: free_dm removes it first)
+      return d;
+    });
   });
-  if (!o) {
-    delete dm;
-    errno = EINVAL;
-    return nullptr;
-  }
+  if (!dm) return nullptr;
   dm->origin = o;
   dm->mem = o->mem;
   dm->length = o->length;

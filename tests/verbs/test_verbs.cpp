@@ -704,25 +704,11 @@ TEST_CASE("ATOMIC WRITE: ibv_post_send and ibv_wr_atomic_write; alignment, acces
   ibv_device_attr_ex dx{};
   REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &dx) == 0);
   CHECK((dx.device_cap_flags_ex & (1ull << 40)) != 0);   // IB_UVERBS_DEVICE_ATOMIC_WRITE
-  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  REQUIRE(cq);
-  ibv_qp_init_attr_ex ia{};
-  ia.qp_type = IBV_QPT_RC;
-  ia.send_cq = ia.recv_cq = cq;
-  ia.cap = {16, 16, 1, 1, 64};
-  ia.pd = d.pd;
-  ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  ia.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE;
-  ibv_qp *qp = ibv_create_qp_ex(d.ctx, &ia);
-  REQUIRE(qp);
+  QpEx a(d, IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE);
+  ibv_qp *qp = a.qp;
+  ibv_cq *cq = a.cq;
   Qp b(d);
-  Params pa, pb;
-  pb.rq_psn = pa.sq_psn;
-  pa.rq_psn = pb.sq_psn;
-  REQUIRE(to_init(qp, pa.access) == 0);
-  REQUIRE(to_rtr(d, qp, b.qp->qp_num, pa) == 0);
-  REQUIRE(to_rts(qp, pa) == 0);
-  connect(d, b, qp->qp_num, pb);
+  connect_pair(d, a, b);
   alignas(8) uint64_t words[3] = {1, 2, 3};
   alignas(8) uint64_t val = 0x1122334455667788ull;
   ibv_mr *mw = ibv_reg_mr(d.pd, words, sizeof words, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
@@ -738,8 +724,7 @@ TEST_CASE("ATOMIC WRITE: ibv_post_send and ibv_wr_atomic_write; alignment, acces
   CHECK(words[0] == val);
   CHECK(words[1] == 2);
   // Through the extended API: the word is read at the call.
-  ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
-  REQUIRE(x);
+  ibv_qp_ex *x = a.x;
   uint64_t v2 = 0xa5a5a5a5deadbeefull;
   ibv_wr_start(x);
   x->wr_id = 2;
@@ -770,9 +755,7 @@ TEST_CASE("ATOMIC WRITE: ibv_post_send and ibv_wr_atomic_write; alignment, acces
     CHECK(remote_error(wc[0].status, IBV_WC_REM_ACCESS_ERR));
     CHECK(words[2] == 3);
   }
-  ibv_destroy_qp(qp);
   for (ibv_mr *m : {mw, mv, mro}) ibv_dereg_mr(m);
-  ibv_destroy_cq(cq);
 }
 
 // Two processes hammer the same 8-byte word of a third with FETCH_AND_ADD:
@@ -875,36 +858,26 @@ TEST_CASE("two processes FETCH_AND_ADD one word", "[verbs]") {
 TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
   Dev d;
   Qp b(d);
-  ibv_cq *cq = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  REQUIRE(cq);
+  // An operation usrc does not do is refused at creation.
   ibv_qp_init_attr_ex ia{};
   ia.qp_type = IBV_QPT_RC;
-  ia.send_cq = ia.recv_cq = cq;
+  ia.send_cq = ia.recv_cq = b.cq;
   ia.cap = {16, 16, 4, 4, 64};
   ia.pd = d.pd;
   ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  // An operation usrc does not do is refused at creation.
   ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
   errno = 0;
   CHECK(ibv_create_qp_ex(d.ctx, &ia) == nullptr);
   CHECK(errno == EOPNOTSUPP);
-  ia.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
-                      IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
-                      IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
-                      IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
-  ibv_qp *qp = ibv_create_qp_ex(d.ctx, &ia);
-  REQUIRE(qp);
-  ibv_qp_ex *x = ibv_qp_to_qp_ex(qp);
-  REQUIRE(x);
+  QpEx a(d, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE |
+                IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
+                IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP);
+  ibv_cq *cq = a.cq;
+  ibv_qp_ex *x = a.x;
   CHECK(ibv_qp_to_qp_ex(b.qp) == nullptr);   // a plain QP has no builders
   Params pa, pb;
   pa.access = pb.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-  pb.rq_psn = pa.sq_psn;
-  pa.rq_psn = pb.sq_psn;
-  REQUIRE(to_init(qp, pa.access) == 0);
-  REQUIRE(to_rtr(d, qp, b.qp->qp_num, pa) == 0);
-  REQUIRE(to_rts(qp, pa) == 0);
-  connect(d, b, qp->qp_num, pb);
+  connect_pair(d, a, b, pa, pb);
 
   std::vector<uint8_t> src(3000), dst(3000, 0), rbuf(3000, 0), rd(3000, 0);
   for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 3 + 1);
@@ -1001,8 +974,6 @@ TEST_CASE("ibv_wr_* send API: every builder, abort, errors", "[verbs]") {
   CHECK(word == 99);
 
   for (ibv_mr *m : {ms, md, mr, mrd, mw, mo}) ibv_dereg_mr(m);
-  CHECK(ibv_destroy_qp(qp) == 0);
-  CHECK(ibv_destroy_cq(cq) == 0);
 }
 
 // On-demand paging: nothing pinned; memory unmapped while registered gives

@@ -57,11 +57,13 @@ struct Channel {
   ~Channel() { ibv_destroy_comp_channel(ch); }
 };
 
-// An RC QP on a CQ of its own (with completion events on ch, if given).
+// An RC QP on a CQ of its own (with completion events on ch, if given);
+// with send_ops, one of the extended API (ibv_create_qp_ex with those
+// IBV_QP_EX_WITH_* operations).
 struct Qp {
   ibv_cq *cq = nullptr;
   ibv_qp *qp = nullptr;
-  Qp(Dev &d, uint32_t depth = 256, ibv_comp_channel *ch = nullptr, ibv_srq *srq = nullptr) {
+  Qp(Dev &d, uint32_t depth = 256, ibv_comp_channel *ch = nullptr, ibv_srq *srq = nullptr, uint64_t send_ops = 0) {
     cq = ibv_create_cq(d.ctx, 2 * depth + 8, nullptr, ch, 0);
     REQUIRE(cq);
     ibv_qp_init_attr ia{};
@@ -69,12 +71,33 @@ struct Qp {
     ia.qp_type = IBV_QPT_RC;
     ia.srq = srq;
     ia.cap = {depth, depth, 4, 4, 64};
-    qp = ibv_create_qp(d.pd, &ia);
+    if (send_ops) {
+      ibv_qp_init_attr_ex ix{};
+      ix.send_cq = ix.recv_cq = cq;
+      ix.qp_type = IBV_QPT_RC;
+      ix.srq = srq;
+      ix.cap = ia.cap;
+      ix.pd = d.pd;
+      ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+      ix.send_ops_flags = send_ops;
+      qp = ibv_create_qp_ex(d.ctx, &ix);
+    } else {
+      qp = ibv_create_qp(d.pd, &ia);
+    }
     REQUIRE(qp);
   }
   ~Qp() {
     ibv_destroy_qp(qp);
     ibv_destroy_cq(cq);
+  }
+};
+
+// An extended-API RC QP and its ibv_wr_* builders.
+struct QpEx : Qp {
+  ibv_qp_ex *x = nullptr;
+  QpEx(Dev &d, uint64_t send_ops, uint32_t depth = 16) : Qp(d, depth, nullptr, nullptr, send_ops) {
+    x = ibv_qp_to_qp_ex(qp);
+    REQUIRE(x);
   }
 };
 

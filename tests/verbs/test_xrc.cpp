@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -117,6 +119,43 @@ struct XrcPair {
   }
 };
 
+// A domain (fd's file's, or a new one) with n XRC SRQs, each on a CQ of
+// its own, and their numbers; what the test has not destroyed goes with
+// its scope.
+struct XrcSrqs {
+  ibv_xrcd *x = nullptr;
+  std::vector<ibv_cq *> cq;
+  std::vector<ibv_srq *> srq;
+  std::vector<uint32_t> num;
+  XrcSrqs(Dev &d, int n, int fd = -1) {
+    x = open_xrcd(d, fd, O_CREAT);
+    REQUIRE(x);
+    for (int i = 0; i < n; i++) {
+      cq.push_back(ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0));
+      REQUIRE(cq.back());
+      srq.push_back(xrc_srq(d, x, cq.back()));
+      REQUIRE(srq.back());
+      num.push_back(0);
+      REQUIRE(ibv_get_srq_num(srq.back(), &num.back()) == 0);
+    }
+  }
+  // SRQ i, then its CQ.
+  void destroy(size_t i) {
+    CHECK(ibv_destroy_srq(srq[i]) == 0);
+    srq[i] = nullptr;
+    CHECK(ibv_destroy_cq(cq[i]) == 0);
+    cq[i] = nullptr;
+  }
+  int close() { return ibv_close_xrcd(std::exchange(x, nullptr)); }
+  ~XrcSrqs() {
+    for (size_t i = 0; i < srq.size(); i++) {
+      if (srq[i]) ibv_destroy_srq(srq[i]);
+      if (cq[i]) ibv_destroy_cq(cq[i]);
+    }
+    if (x) ibv_close_xrcd(x);
+  }
+};
+
 constexpr uint32_t kOpenMask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
 
 ibv_qp *open_tgt(ibv_context *ctx, ibv_xrcd *x, uint32_t qpn, void *qp_context = nullptr,
@@ -194,15 +233,11 @@ TEST_CASE("XRC domains: one per file inode, O_CREAT and O_EXCL as the kernel's, 
 
 TEST_CASE("XRC traffic: SENDs to two SRQs by number, RDMA WRITE, READ and ATOMIC through a target; misuse refused", "[verbs][xrc]") {
   Dev d;
-  ibv_xrcd *x = open_xrcd(d, -1, O_CREAT);
-  REQUIRE(x);
-  ibv_cq *cq1 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0), *cq2 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  ibv_srq *s1 = xrc_srq(d, x, cq1), *s2 = xrc_srq(d, x, cq2);
-  REQUIRE(s1);
-  REQUIRE(s2);
-  uint32_t n1, n2;
-  REQUIRE(ibv_get_srq_num(s1, &n1) == 0);
-  REQUIRE(ibv_get_srq_num(s2, &n2) == 0);
+  XrcSrqs xs(d, 2);
+  ibv_xrcd *x = xs.x;
+  ibv_cq *cq1 = xs.cq[0], *cq2 = xs.cq[1];
+  ibv_srq *s1 = xs.srq[0], *s2 = xs.srq[1];
+  const uint32_t n1 = xs.num[0], n2 = xs.num[1];
   CHECK(n1 != n2);
   {
     XrcPair p(d, x);
@@ -259,24 +294,18 @@ TEST_CASE("XRC traffic: SENDs to two SRQs by number, RDMA WRITE, READ and ATOMIC
   CHECK(ibv_create_qp(d.pd, &ia) == nullptr);
   CHECK(errno == EINVAL);
   CHECK(ibv_destroy_cq(cq1) == EBUSY);   // (the SRQ's)
-  CHECK(ibv_destroy_srq(s1) == 0);
-  CHECK(ibv_destroy_srq(s2) == 0);
-  CHECK(ibv_destroy_cq(cq1) == 0);
-  CHECK(ibv_destroy_cq(cq2) == 0);
-  CHECK(ibv_close_xrcd(x) == 0);
+  xs.destroy(0);
+  xs.destroy(1);
+  CHECK(xs.close() == 0);
 }
 
 TEST_CASE("XRC: an SRQ and its CQ destroyed under the target that served them; the target goes on", "[verbs][xrc]") {
   Dev d;
-  ibv_xrcd *x = open_xrcd(d, -1, O_CREAT);
-  REQUIRE(x);
-  ibv_cq *cq1 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0), *cq2 = ibv_create_cq(d.ctx, 64, nullptr, nullptr, 0);
-  ibv_srq *s1 = xrc_srq(d, x, cq1), *s2 = xrc_srq(d, x, cq2);
-  REQUIRE(s1);
-  REQUIRE(s2);
-  uint32_t n1, n2;
-  REQUIRE(ibv_get_srq_num(s1, &n1) == 0);
-  REQUIRE(ibv_get_srq_num(s2, &n2) == 0);
+  XrcSrqs xs(d, 2);
+  ibv_xrcd *x = xs.x;
+  ibv_cq *cq1 = xs.cq[0], *cq2 = xs.cq[1];
+  ibv_srq *s1 = xs.srq[0], *s2 = xs.srq[1];
+  const uint32_t n1 = xs.num[0], n2 = xs.num[1];
   {
     XrcPair p(d, x);
     std::vector<uint8_t> src(100, 9), dst(100, 0);
@@ -289,8 +318,7 @@ TEST_CASE("XRC: an SRQ and its CQ destroyed under the target that served them; t
     CHECK(p.post(IBV_WR_SEND, &ss, n1).status == IBV_WC_SUCCESS);
     REQUIRE(poll(cq1, 1).size() == 1);
     // The target last took s1's queue, CQ and PD: both go while it lives.
-    CHECK(ibv_destroy_srq(s1) == 0);
-    CHECK(ibv_destroy_cq(cq1) == 0);
+    xs.destroy(0);
     // s1's number is now unknown to the target; s2 still serves.
     CHECK(remote_error(p.post(IBV_WR_SEND, &ss, n1).status, IBV_WC_REM_INV_REQ_ERR));
     ibv_qp_attr a{};
@@ -317,9 +345,8 @@ TEST_CASE("XRC: an SRQ and its CQ destroyed under the target that served them; t
     ibv_dereg_mr(ms);
     ibv_dereg_mr(md);
   }
-  CHECK(ibv_destroy_srq(s2) == 0);
-  CHECK(ibv_destroy_cq(cq2) == 0);
-  CHECK(ibv_close_xrcd(x) == 0);
+  xs.destroy(1);
+  CHECK(xs.close() == 0);
 }
 
 TEST_CASE("ibv_open_qp: a target's handles in its context and in another; each modifies, queries and gets its events; the QP lives while any handle does", "[verbs][xrc]") {
@@ -683,14 +710,10 @@ TEST_CASE("XRC: records on a shared SRQ's socket that are not good ones are drop
   Dev d;
   TempFile f;
   REQUIRE(f.fd >= 0);
-  ibv_xrcd *x = open_xrcd(d, f.fd, O_CREAT);
-  REQUIRE(x);
-  ibv_cq *cq = ibv_create_cq(d.ctx, 16, nullptr, nullptr, 0);
-  REQUIRE(cq);
-  ibv_srq *s = xrc_srq(d, x, cq);
-  REQUIRE(s);
-  uint32_t n = 0;
-  REQUIRE(ibv_get_srq_num(s, &n) == 0);
+  XrcSrqs xs(d, 1, f.fd);
+  ibv_xrcd *x = xs.x;
+  ibv_cq *cq = xs.cq[0];
+  const uint32_t n = xs.num[0];
   // Where the SRQ is published (docs/xrc.md): root/xrc/uid/device/dev-ino/srqn.
   struct stat st;
   REQUIRE(fstat(f.fd, &st) == 0);
@@ -718,7 +741,7 @@ TEST_CASE("XRC: records on a shared SRQ's socket that are not good ones are drop
     ibv_mr *ms = ibv_reg_mr(d.pd, src.data(), 64, 0), *md = ibv_reg_mr(d.pd, dst.data(), 64, IBV_ACCESS_LOCAL_WRITE);
     ibv_sge rs{uintptr_t(dst.data()), 64, md->lkey}, ss{uintptr_t(src.data()), 64, ms->lkey};
     ibv_recv_wr rw = recv_wr(4, &rs, 1), *bad;
-    REQUIRE(ibv_post_srq_recv(s, &rw, &bad) == 0);
+    REQUIRE(ibv_post_srq_recv(xs.srq[0], &rw, &bad) == 0);
     CHECK(p.post(IBV_WR_SEND, &ss, n).status == IBV_WC_SUCCESS);
     auto w = poll(cq, 1);
     REQUIRE(w.size() == 1);
@@ -727,8 +750,7 @@ TEST_CASE("XRC: records on a shared SRQ's socket that are not good ones are drop
     ibv_dereg_mr(ms);
     ibv_dereg_mr(md);
   }
-  CHECK(ibv_destroy_srq(s) == 0);
+  xs.destroy(0);
   CHECK(access(path.c_str(), F_OK) != 0);   // withdrawn
-  CHECK(ibv_destroy_cq(cq) == 0);
-  CHECK(ibv_close_xrcd(x) == 0);
+  CHECK(xs.close() == 0);
 }

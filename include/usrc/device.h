@@ -67,6 +67,9 @@ struct DeviceConfig {
   // device only to processes of that namespace. 0: not recorded (a device
   // made by an older usrc): offered in every namespace, as it was then.
   uint64_t netns = 0;
+  // Offered to a process of network namespace `here` (net_namespace(); 0:
+  // unknown, offered).
+  bool offered_in(uint64_t here) const { return !netns || !here || netns == here; }
 
   std::string serialize() const;
   static std::optional<DeviceConfig> parse(const std::string &text,

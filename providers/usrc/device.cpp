@@ -174,8 +174,7 @@ static bool match_device(verbs_sysfs_dev *sdev) {
   // usrc made it), when /proc cannot tell ours, and a configuration that
   // does not parse (alloc_device says what is wrong with it).
   auto cfg = found_config(sdev, nullptr);
-  const uint64_t here = net_namespace();
-  return !cfg || !cfg->netns || !here || cfg->netns == here;
+  return !cfg || cfg->offered_in(net_namespace());
 }
 
 static verbs_device *alloc_device_ops(verbs_sysfs_dev *sdev) {

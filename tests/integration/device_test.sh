@@ -4,8 +4,9 @@
 # device/net in the tree, and a device offered only in the network namespace
 # of its netdev: listed and opened there, neither listed nor opened in another
 # namespace or the root one, and nothing said on stderr about the ones left
-# out. A device whose namespace was not recorded (made by an older usrc) is
-# offered everywhere, as before.
+# out; the same devices in /sys/class/infiniband under usrc exec. A device
+# whose namespace was not recorded (made by an older usrc) is offered
+# everywhere, as before.
 # Usage: device_test.sh USRC_CLI PROVIDER_SO VERBS_TESTS
 USRC=$1 USRC_PROVIDER=$2 PROG=$3
 . "$(dirname "$0")/lib.sh"
@@ -62,6 +63,25 @@ ip netns exec $B env USRC_TEST_DEV=d_b timeout 60 "$USRC" exec -- "$PROG" "[devi
 vendor=$(timeout 30 "$USRC" exec -- ibv_devinfo -d d_root | awk '$1 == "vendor_id:" { print $2 }')
 [ -n "$vendor" ] && [ $((vendor)) -ne 0 ] || fail "ibv_devinfo: vendor_id '$vendor'"
 note "ibv_devinfo: vendor_id $vendor"
+
+# Where tools look without SYSFS_PATH (pyverbs' tests, UCX): under usrc exec,
+# as root, /sys/class/infiniband lists the namespace's devices, each with its
+# netdev under device/net, and the rest of /sys/class is the real one; the
+# host's own /sys is untouched.
+sysview() {
+  ${1:+ip netns exec $1} timeout 30 "$USRC" exec -- sh -c "$2" 2>&1
+}
+had_ib=$([ -e /sys/class/infiniband ] && echo yes)
+[ "$(sysview $A 'ls /sys/class/infiniband')" = d_a ] || fail "in $A: /sys/class/infiniband: '$(sysview $A 'ls /sys/class/infiniband')'"
+[ "$(sysview $A "ls /sys/class/infiniband/d_a/device/net")" = $VA ] || fail "in $A: /sys/class/infiniband/d_a/device/net"
+[ "$(sysview $A "cat /sys/class/infiniband/d_a/device/net/$VA/ifindex")" = "$ifindex" ] ||
+  fail "in $A: device/net/$VA is not $VA"
+[ "$(sysview $A 'cat /sys/class/infiniband_verbs/*/ibdev')" = d_a ] || fail "in $A: infiniband_verbs lists others"
+[ "$(sysview $B 'cat /sys/class/infiniband/d_b/ports/1/link_layer')" = Ethernet ] || fail "in $B: d_b's link layer"
+[ "$(sysview "" 'ls /sys/class/infiniband')" = d_root ] || fail "root namespace: '$(sysview "" 'ls /sys/class/infiniband')'"
+sysview $A "cat /sys/class/net/$VA/ifindex" | grep -qx "$ifindex" || fail "in $A: /sys/class/net hidden"
+[ "$([ -e /sys/class/infiniband ] && echo yes)" = "$had_ib" ] || fail "the host's /sys/class changed"
+note "usrc exec: /sys/class/infiniband shows the namespace's devices and their netdevs"
 
 # A device made before namespaces were recorded: offered everywhere.
 sed -i '/^netns=/d' $S/d_a/usrc.conf

@@ -137,7 +137,11 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(no_recv_drops, "UD datagrams and UC messages dropped: no receive posted") \
   X(uc_drops, "UC packets dropped: out of sequence, or their message failed a check") \
   X(xrc_forwarded, "XRC SEND packets a target handed to the process that owns their SRQ") \
-  X(xrc_drops, "forwarded XRC packets dropped: malformed, for no SRQ here, or over the queue bound")
+  X(xrc_drops, "forwarded XRC packets dropped: malformed, for no SRQ here, or over the queue bound") \
+  X(cm_sent, "CM MADs sent (rdma_cm: REQ, REP, RTU, REJ, MRA, DREQ, DREP, resends included)") \
+  X(cm_rcvd, "CM MADs received by this process's connection manager") \
+  X(cm_dropped, "CM MADs dropped: malformed, for no connection, or not expected in its state") \
+  X(cm_forwarded, "CM MADs the device's GSI owner handed to the process they are for")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

@@ -201,6 +201,9 @@ int link_add(const LinkAddArgs &a) {
     fs::create_directories(verbs_dir());
     chmod(root.c_str(), 0755);
     write_file(verbs_dir() / "abi_version", "6\n");
+    // What librdmacm reads before it opens /dev/infiniband/rdma_cm, which
+    // the preloaded provider emulates (docs/cm.md): the ucma ABI version.
+    write_file(fs::path(sysfs_dir()) / "class/misc/rdma_cm/abi_version", "4\n");
 
     // Build the device directory aside and rename it into place: libibverbs
     // must never see a half-written device.

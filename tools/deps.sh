@@ -14,6 +14,8 @@ PKGS="$PKGS sockperf gnuplot-nox time stress-ng"
 # Middleware over usrc (tests/integration/ucx_test.sh, mpi_test.sh): UCX's
 # tools, Open MPI and MPICH (both on UCX).
 PKGS="$PKGS ucx-utils openmpi-bin libopenmpi-dev mpich libmpich-dev"
+# librdmacm's programs (tests/integration/rdmacm_test.sh).
+PKGS="$PKGS rdmacm-utils"
 # Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

@@ -117,7 +117,7 @@ class HostNet final : public Net {
     while (dirent *e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
       auto c = DeviceConfig::load(e->d_name);
-      if (!c || (c->netns && c->netns != ns)) continue;
+      if (!c || !c->offered_in(ns)) continue;
       Device v;
       v.name = c->name;
       v.guid = c->node_guid;

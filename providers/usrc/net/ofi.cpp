@@ -10,7 +10,10 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +23,43 @@ namespace usrc::net {
 namespace {
 
 uint64_t key(Endpoint e) { return uint64_t(e.ip) << 16 | e.port; }
+
+int socket_family(int fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof sa;
+  return getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0 ? sa.ss_family : -1;
+}
+
+// The provider's datagram socket, if the wait fd is libfabric's epoll set of
+// it and the wait's signal (util_wait_fd; the signal is an AF_UNIX pair);
+// -1 if the set holds anything else. The members are the "tfd:" lines of
+// the set's /proc/self/fdinfo entry.
+int provider_socket(int epfd, Endpoint local) {
+  char path[48];
+  snprintf(path, sizeof path, "/proc/self/fdinfo/%d", epfd);
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  int sock = -1, socks = 0, others = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f)) {
+    int fd;
+    if (sscanf(line, "tfd: %d", &fd) != 1) continue;
+    int type = 0;
+    socklen_t tl = sizeof type;
+    sockaddr_in sa{};
+    socklen_t len = sizeof sa;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM &&
+        getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0 && sa.sin_family == AF_INET &&
+        ntohs(sa.sin_port) == local.port) {
+      sock = fd;
+      socks++;
+    } else if (socket_family(fd) != AF_UNIX) {
+      others++;
+    }
+  }
+  fclose(f);
+  return socks == 1 && others == 0 ? sock : -1;
+}
 
 class OfiNic final : public Nic {
  public:
@@ -33,17 +73,18 @@ class OfiNic final : public Nic {
   }
 
   Endpoint local() const override { return local_; }
-  // The receive CQ's wait fd. libfabric's (util_wait_fd: an epoll set of
-  // the provider's sockets and a signal) turns readable when a datagram
-  // reaches a socket, and also when the provider writes a completion, which
-  // it does as it reads a datagram (inside fi_cq_read or fi_trywait), and
-  // stays so until fi_trywait resets it. recv() resets it after every read
-  // that took completions, so it shows datagrams waiting and nothing else,
-  // like a socket: the progress thread sleeps through the application's own
-  // receives, and a passive target's datagram wakes it.
-  int wait_fd() const override { return wait_fd_; }
-  // (Also before every sleep: a re-arm here costs nothing when recv() did.)
-  bool arm_wait() override { return wait_fd_ < 0 || try_wait(); }
+  // The progress thread takes a readable fd for datagrams waiting. The
+  // receive CQ's wait fd (libfabric's util_wait_fd: an epoll set of the
+  // provider's sockets and a signal) turns readable when a datagram
+  // reaches a socket, and also when the provider writes a completion, as
+  // it does for every datagram it reads (inside fi_cq_read or fi_trywait),
+  // until fi_trywait resets it. So the thread polls the provider's socket
+  // itself where the set shows it (udp): readable exactly while datagrams
+  // wait, at no cost. Otherwise, the wait fd, which recv() re-arms after
+  // every read that took completions (a signal reset and a provider
+  // progress, system calls each).
+  int wait_fd() const override { return sock_fd_ >= 0 ? sock_fd_ : wait_fd_; }
+  bool arm_wait() override { return sock_fd_ >= 0 || wait_fd_ < 0 || try_wait(); }
   // Completions read off the CQ and not yet handed out (recv()'s caller
   // took fewer than were there): the wait fd does not show them.
   bool rx_pending() const override { return !ready_.empty(); }
@@ -156,6 +197,8 @@ class OfiNic final : public Nic {
     if ((r = fi_ep_bind(ep_, &cq_->fid, FI_RECV))) return fail("fi_ep_bind cq", r);
     if ((r = fi_ep_bind(ep_, &tx_cq_->fid, FI_TRANSMIT))) return fail("fi_ep_bind send cq", r);
     if ((r = fi_enable(ep_))) return fail("fi_enable", r);
+    // (The endpoint's socket joins the set when bound to the CQ.)
+    if (wait_fd_ >= 0) sock_fd_ = provider_socket(wait_fd_, local);
     for (uint32_t s = 0; s < nrx_; s++) post_rx(s);
     for (uint32_t s = nrx_; s < nrx_ + ntx_; s++) free_tx_.push_back(s);
     return 0;
@@ -211,7 +254,7 @@ class OfiNic final : public Nic {
   }
 
   // Reads receive completions until the CQ is empty, their sources mapped
-  // back from the AV; then re-arms the wait fd (see wait_fd()). Each read
+  // back from the AV; then re-arms the wait fd if it is the one polled (see wait_fd()). Each read
   // lets a provider that progresses in it (udp: one datagram a read) take
   // in more: at most want + 1 reads, and none once want wait in ready_
   // (the fd shows the rest).
@@ -241,7 +284,7 @@ class OfiNic final : public Nic {
       }
     }
     // (Refused: a datagram came in meanwhile; the fd shows it.)
-    if (took && wait_fd_ >= 0) (void)try_wait();
+    if (took && sock_fd_ < 0 && wait_fd_ >= 0) (void)try_wait();
   }
 
   Endpoint local_;
@@ -254,6 +297,7 @@ class OfiNic final : public Nic {
   fid_mr *mr_ = nullptr;
   void *desc_ = nullptr;
   int wait_fd_ = -1;
+  int sock_fd_ = -1;   // the provider's socket (see wait_fd()), or -1
   size_t prefix_ = 0, max_payload_ = 0, slot_size_ = 0;
   uint32_t nrx_ = 0, ntx_ = 0;
   std::vector<uint8_t> buf_;

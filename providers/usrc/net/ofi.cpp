@@ -10,7 +10,10 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -21,27 +24,67 @@ namespace {
 
 uint64_t key(Endpoint e) { return uint64_t(e.ip) << 16 | e.port; }
 
+int socket_family(int fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof sa;
+  return getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0 ? sa.ss_family : -1;
+}
+
+// The provider's datagram socket, if the wait fd is libfabric's epoll set of
+// it and the wait's signal (util_wait_fd; the signal is an AF_UNIX pair);
+// -1 if the set holds anything else. The members are the "tfd:" lines of
+// the set's /proc/self/fdinfo entry.
+int provider_socket(int epfd, Endpoint local) {
+  char path[48];
+  snprintf(path, sizeof path, "/proc/self/fdinfo/%d", epfd);
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  int sock = -1, socks = 0, others = 0;
+  char line[256];
+  while (fgets(line, sizeof line, f)) {
+    int fd;
+    if (sscanf(line, "tfd: %d", &fd) != 1) continue;
+    int type = 0;
+    socklen_t tl = sizeof type;
+    sockaddr_in sa{};
+    socklen_t len = sizeof sa;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM &&
+        getsockname(fd, reinterpret_cast<sockaddr *>(&sa), &len) == 0 && sa.sin_family == AF_INET &&
+        ntohs(sa.sin_port) == local.port) {
+      sock = fd;
+      socks++;
+    } else if (socket_family(fd) != AF_UNIX) {
+      others++;
+    }
+  }
+  fclose(f);
+  return socks == 1 && others == 0 ? sock : -1;
+}
+
 class OfiNic final : public Nic {
  public:
   ~OfiNic() override {
     // Endpoint first: it references the CQ and AV.
     for (fid *f : {ep_ ? &ep_->fid : nullptr, cq_ ? &cq_->fid : nullptr,
-                   av_ ? &av_->fid : nullptr, mr_ ? &mr_->fid : nullptr,
+                   tx_cq_ ? &tx_cq_->fid : nullptr, av_ ? &av_->fid : nullptr, mr_ ? &mr_->fid : nullptr,
                    domain_ ? &domain_->fid : nullptr, fabric_ ? &fabric_->fid : nullptr})
       if (f) fi_close(f);
     if (info_) fi_freeinfo(info_);
   }
 
   Endpoint local() const override { return local_; }
-  int wait_fd() const override { return wait_fd_; }
-  // The wait fd stays readable until fi_trywait re-arms it: without that
-  // the progress thread's poll never sleeps (it spins, a core taken from
-  // the applications).
-  bool arm_wait() override {
-    if (wait_fd_ < 0) return true;
-    fid *f = &cq_->fid;
-    return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
-  }
+  // The progress thread takes a readable fd for datagrams waiting. The
+  // receive CQ's wait fd (libfabric's util_wait_fd: an epoll set of the
+  // provider's sockets and a signal) turns readable when a datagram
+  // reaches a socket, and also when the provider writes a completion, as
+  // it does for every datagram it reads (inside fi_cq_read or fi_trywait),
+  // until fi_trywait resets it. So the thread polls the provider's socket
+  // itself where the set shows it (udp): readable exactly while datagrams
+  // wait, at no cost. Otherwise, the wait fd, which recv() re-arms after
+  // every read that took completions (a signal reset and a provider
+  // progress, system calls each).
+  int wait_fd() const override { return sock_fd_ >= 0 ? sock_fd_ : wait_fd_; }
+  bool arm_wait() override { return sock_fd_ >= 0 || wait_fd_ < 0 || try_wait(); }
   // Completions read off the CQ and not yet handed out (recv()'s caller
   // took fewer than were there): the wait fd does not show them.
   bool rx_pending() const override { return !ready_.empty(); }
@@ -52,7 +95,7 @@ class OfiNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override {
     size_t sent = 0;
     for (const TxPacket &p : pkts) {
-      if (free_tx_.empty()) drain_cq();
+      if (free_tx_.empty()) reap_tx();
       if (free_tx_.empty()) break;   // NIC full: the transport retransmits
       fi_addr_t to = lookup(p.dst);
       if (to == FI_ADDR_NOTAVAIL) continue;
@@ -71,7 +114,7 @@ class OfiNic final : public Nic {
       for (int tries = 0; (r = fi_send(ep_, b, prefix_ + len, desc_, to, &ctx_[s])) == -FI_EAGAIN &&
                           tries < 16;
            tries++)
-        drain_cq();   // udp-like providers progress in the CQ read
+        reap_tx();   // (providers that progress sends in the CQ read)
       if (r != 0) continue;
       free_tx_.pop_back();
       sent++;
@@ -83,7 +126,7 @@ class OfiNic final : public Nic {
     // The packets handed out last time are consumed now: post their buffers again.
     for (uint32_t s : handed_out_) post_rx(s);
     handed_out_.clear();
-    if (ready_.size() < out.size()) drain_cq();
+    if (ready_.size() < out.size()) drain_cq(out.size());
     size_t n = std::min(out.size(), ready_.size());
     for (size_t i = 0; i < n; i++) {
       const Ready &r = ready_[i];
@@ -133,11 +176,15 @@ class OfiNic final : public Nic {
     }
     fi_av_attr av_attr{};
     if ((r = fi_av_open(domain_, &av_attr, &av_, nullptr))) return fail("fi_av_open", r);
-    // A CQ with a wait fd lets the progress thread sleep in poll; providers
-    // without one are polled on a short period (context.cpp).
+    // A receive CQ with a wait fd lets the progress thread sleep in poll;
+    // providers without one are polled on a short period (progress.cpp).
+    // Sends complete on a CQ of their own without one: a send is no
+    // arrival, and should not make the wait fd readable (see wait_fd()).
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_MSG;
-    cq_attr.size = nrx_ + ntx_;
+    cq_attr.size = ntx_;
+    if ((r = fi_cq_open(domain_, &cq_attr, &tx_cq_, nullptr))) return fail("fi_cq_open (send)", r);
+    cq_attr.size = nrx_;
     cq_attr.wait_obj = FI_WAIT_FD;
     if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) == 0) {
       if (fi_control(&cq_->fid, FI_GETWAIT, &wait_fd_) != 0) wait_fd_ = -1;
@@ -147,8 +194,11 @@ class OfiNic final : public Nic {
     }
     if ((r = fi_endpoint(domain_, info_, &ep_, nullptr))) return fail("fi_endpoint", r);
     if ((r = fi_ep_bind(ep_, &av_->fid, 0))) return fail("fi_ep_bind av", r);
-    if ((r = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) return fail("fi_ep_bind cq", r);
+    if ((r = fi_ep_bind(ep_, &cq_->fid, FI_RECV))) return fail("fi_ep_bind cq", r);
+    if ((r = fi_ep_bind(ep_, &tx_cq_->fid, FI_TRANSMIT))) return fail("fi_ep_bind send cq", r);
     if ((r = fi_enable(ep_))) return fail("fi_enable", r);
+    // (The endpoint's socket joins the set when bound to the CQ.)
+    if (wait_fd_ >= 0) sock_fd_ = provider_socket(wait_fd_, local);
     for (uint32_t s = 0; s < nrx_; s++) post_rx(s);
     for (uint32_t s = nrx_; s < nrx_ + ntx_; s++) free_tx_.push_back(s);
     return 0;
@@ -183,29 +233,48 @@ class OfiNic final : public Nic {
     return fa;
   }
 
-  // Reads completions: finished sends free their slot; receives queue up
-  // for recv(), their source mapped back from the AV.
-  void drain_cq() {
+  bool try_wait() {
+    fid *f = &cq_->fid;
+    return fi_trywait(fabric_, &f, 1) == FI_SUCCESS;
+  }
+
+  // Finished sends free their slot (an error too: the transport retransmits).
+  void reap_tx() {
     fi_cq_msg_entry ent[64];
-    fi_addr_t src[64];
     for (;;) {
-      ssize_t n = fi_cq_readfrom(cq_, ent, 64, src);
+      ssize_t n = fi_cq_read(tx_cq_, ent, 64);
       if (n == -FI_EAVAIL) {
         fi_cq_err_entry e{};
-        if (fi_cq_readerr(cq_, &e, 0) == 1 && e.op_context) {
-          uint32_t s = slot_of(e.op_context);
-          if (s >= nrx_) free_tx_.push_back(s);
-          else post_rx(s);
-        }
+        if (fi_cq_readerr(tx_cq_, &e, 0) == 1 && e.op_context) free_tx_.push_back(slot_of(e.op_context));
         continue;
       }
       if (n <= 0) return;
+      for (ssize_t i = 0; i < n; i++) free_tx_.push_back(slot_of(ent[i].op_context));
+    }
+  }
+
+  // Reads receive completions until the CQ is empty, their sources mapped
+  // back from the AV; then re-arms the wait fd if it is the one polled (see wait_fd()). Each read
+  // lets a provider that progresses in it (udp: one datagram a read) take
+  // in more: at most want + 1 reads, and none once want wait in ready_
+  // (the fd shows the rest).
+  void drain_cq(size_t want) {
+    fi_cq_msg_entry ent[64];
+    fi_addr_t src[64];
+    bool took = false;
+    for (size_t reads = 0;; reads++) {
+      if (reads > want || ready_.size() >= want) return;
+      ssize_t n = fi_cq_readfrom(cq_, ent, 64, src);
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry e{};
+        if (fi_cq_readerr(cq_, &e, 0) == 1 && e.op_context) post_rx(slot_of(e.op_context));
+        took = true;
+        continue;
+      }
+      if (n <= 0) break;
+      took = true;
       for (ssize_t i = 0; i < n; i++) {
         uint32_t s = slot_of(ent[i].op_context);
-        if (s >= nrx_) {
-          free_tx_.push_back(s);
-          continue;
-        }
         auto it = peer_.find(src[i]);
         if (it == peer_.end() || ent[i].len < prefix_) {
           post_rx(s);   // an unknown sender: no QP of ours expects it
@@ -213,8 +282,9 @@ class OfiNic final : public Nic {
         }
         ready_.push_back({s, it->second, ent[i].len - prefix_});
       }
-      if (n < 64) return;
     }
+    // (Refused: a datagram came in meanwhile; the fd shows it.)
+    if (took && sock_fd_ < 0 && wait_fd_ >= 0) (void)try_wait();
   }
 
   Endpoint local_;
@@ -222,11 +292,12 @@ class OfiNic final : public Nic {
   fid_fabric *fabric_ = nullptr;
   fid_domain *domain_ = nullptr;
   fid_av *av_ = nullptr;
-  fid_cq *cq_ = nullptr;
+  fid_cq *cq_ = nullptr, *tx_cq_ = nullptr;
   fid_ep *ep_ = nullptr;
   fid_mr *mr_ = nullptr;
   void *desc_ = nullptr;
   int wait_fd_ = -1;
+  int sock_fd_ = -1;   // the provider's socket (see wait_fd()), or -1
   size_t prefix_ = 0, max_payload_ = 0, slot_size_ = 0;
   uint32_t nrx_ = 0, ntx_ = 0;
   std::vector<uint8_t> buf_;

@@ -312,7 +312,7 @@ int link_del(const std::string &name) {
   return 0;
 }
 
-// `netdev IF [type ib|roce] [port P] [backend B] [provider P]`, iproute2
+// `netdev IF [type ib|roce] [port P] [backend B] [provider P] [sa ADDR[:PORT]]`, iproute2
 // style: "" when good, else what is wrong.
 std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &a) {
   for (size_t i = 0; i < words.size(); i += 2) {

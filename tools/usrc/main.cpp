@@ -16,9 +16,9 @@ int main(int argc, char **argv) {
 
   LinkAddArgs add;
   std::vector<std::string> words;
-  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]");
+  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P] [sa ADDR[:PORT]]");
   ladd->add_option("name", add.name, "device name")->required();
-  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]")->required();
+  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P] [sa ADDR[:PORT]]")->required();
 
   std::string del_name;
   auto *ldel = link->add_subcommand("del", "remove a device");

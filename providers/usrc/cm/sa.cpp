@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 
 #include "usrc/wire/hdr.h"
@@ -399,8 +400,8 @@ void Requester::submit(const SaMad &req, uint64_t now, Out &out) {
 uint64_t Requester::deadline() const {
   uint64_t d = UINT64_MAX;
   for (auto &[tid, x] : txns_) {
-    if (x.result) d = std::min(d, x.linger_until);
-    else d = std::min(d, x.rx ? x.rx->deadline() : x.deadline);
+    if (!x.result) d = std::min(d, x.rx ? x.rx->deadline() : x.deadline);
+    else if (x.taken) d = std::min(d, x.linger_until);   // then forgotten
   }
   return d;
 }
@@ -629,6 +630,39 @@ bool Client::query(SaMad req, Requester::Result &out) {
   }
   out = *req_.take(req.hdr.tid);
   return sent;
+}
+
+int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
+  struct Entry { uint32_t ip; uint64_t until; };
+  static std::mutex mu;
+  static std::map<std::pair<uint64_t, uint16_t>, Entry> cache;   // (SA, LID)
+  std::lock_guard lock(mu);
+  const auto key = std::pair{peer_key(sa), lid};
+  if (auto it = cache.find(key); it != cache.end() && it->second.until > mono_ns()) {
+    *ip = it->second.ip;
+    return 0;
+  }
+  // A verbs call waits for this: fewer retries than a CLI (1.6 s at most).
+  RmppTimers t;
+  t.max_retries = 3;
+  Client cl(sa, t);
+  std::string err;
+  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
+  SaMad req = request(kGet, kUsrcPortRecord, 0);
+  UsrcPortRecord q;
+  q.lid = lid;
+  q.put(req.data);
+  req.comp_mask = UsrcPortRecord::kLid;
+  Requester::Result r;
+  if (!cl.query(req, r)) return EHOSTUNREACH;
+  if (r.err) return ETIMEDOUT;
+  if (r.status) return EINVAL;
+  UsrcPortRecord got;
+  got.get(r.payload.data());
+  if (got.lid != lid || got.ipv4 == 0) return EINVAL;
+  cache[key] = {got.ipv4, mono_ns() + kLidCacheNs};
+  *ip = got.ipv4;
+  return 0;
 }
 
 bool parse_endpoint(const std::string &s, Endpoint *e) {

@@ -166,6 +166,13 @@ class Client {
   uint64_t tid_ = 0;
 };
 
+// A DLID's address when the port has an SA (docs/sa.md): a SubnAdmGet of
+// the UsrcPortRecord with that LID, cached by the process for a minute.
+// For create_ah and modify to RTR, never a packet. 0, or EINVAL (no port
+// has that LID), ETIMEDOUT (the SA did not answer), or a socket's errno.
+int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip);
+constexpr uint64_t kLidCacheNs = 60'000'000'000ull;
+
 // "ADDR[:PORT]" with the default port; false if it is not an IPv4 address.
 constexpr uint16_t kDefaultPort = 4791;
 bool parse_endpoint(const std::string &s, Endpoint *e);

@@ -90,6 +90,20 @@ ip netns exec $B timeout 30 "$USRC" sa query port -d sab --lid 4 --get | grep -q
   fail "port query"
 note "paths between every pair of the three ports"
 
+# The provider resolves DLIDs through the SA: sab (LID 3) is 10.203.0.2,
+# which the low-bits scheme would take for 10.203.0.3 (sac).
+if command -v ibv_rc_pingpong >/dev/null; then
+  port=$(pick_port)
+  ip netns exec $B timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sab -c -n 100 -p $port >"$OUT/pp.srv" 2>&1 &
+  ppid=$!
+  wait_listen $B $port || fail "pingpong server did not listen"
+  ip netns exec $C timeout 60 "$USRC" exec -- ibv_rc_pingpong -d sac -c -n 100 -p $port $NET.2 >"$OUT/pp.cli" 2>&1 ||
+    { cat "$OUT/pp.srv" "$OUT/pp.cli"; fail "rc_pingpong between SA LIDs"; }
+  wait $ppid || { cat "$OUT/pp.srv"; fail "rc_pingpong server"; }
+  grep -q "remote address: *LID 0x0003" "$OUT/pp.cli" || { cat "$OUT/pp.cli"; fail "pingpong: not LID 3"; }
+  note "ibv_rc_pingpong from LID 4 to LID 3 (resolved by the SA): $(grep -h 'bytes in' "$OUT/pp.cli" | head -1)"
+fi
+
 # 150 more ports: the NodeRecord table is then 153 records of 112 bytes,
 # 86 MADs of RMPP.
 for i in $(seq 1 150); do

@@ -63,6 +63,7 @@ for d in saa sab sac; do
   grep -q "^sa=$SA$" "$USRC_ROOT/sys/class/infiniband/$d/usrc.conf" || fail "$d: sa not in usrc.conf"
 done
 [ "${LID[saa]} ${LID[sab]} ${LID[sac]}" = "2 3 4" ] || fail "LIDs ${LID[*]}, expected 2 3 4"
+ip netns exec $B "$USRC" link show sab | grep -q " lid 3 .* sa $SA sm_lid 1$" || fail "link show: $(ip netns exec $B "$USRC" link show sab)"
 note "LIDs: saa ${LID[saa]} sab ${LID[sab]} sac ${LID[sac]}"
 # Registering again keeps the LID.
 ip netns exec $B "$USRC" link del sab && ip netns exec $B "$USRC" link add sab netdev sap2$$ sa $SA ||
@@ -174,6 +175,14 @@ cat "$OUT/sa.json"
 jq -e '.transfers >= 4 and .transfers_done + .transfers_aborted == .transfers and .segments_sent >= 258' "$OUT/sa.json" >/dev/null || fail "SA counters"
 resent=$(jq '.segments_resent + .timeouts' "$OUT/sa.json")
 [ "$dropped" -eq 0 ] || [ "$resent" -gt 0 ] || fail "packets were dropped but nothing was resent"
+# With no SA, a query ends (7 resends of the request) with an error.
+if ip netns exec $B timeout 30 "$USRC" sa query node -d sab >"$OUT/gone" 2>&1; then fail "query without an SA succeeded"; fi
+grep -q "did not answer" "$OUT/gone" || { cat "$OUT/gone"; fail "query without an SA: $(cat "$OUT/gone")"; }
 # The registrations are kept: a restarted SA knows the LIDs.
 grep -q "^3 " "$OUT/state" || fail "state file"
+ip netns exec $A timeout 60 "$USRC" sa --listen $SA --state "$OUT/state" >/dev/null 2>"$OUT/sa2.log" &
+sapid=$!
+for _ in $(seq 50); do grep -qs serving "$OUT/sa2.log" && break; sleep 0.1; done
+grep -q "153 ports registered" "$OUT/sa2.log" || { cat "$OUT/sa2.log"; fail "restart: registrations lost"; }
+ip netns exec $C timeout 30 "$USRC" sa query node -d sac --get --lid 3 | grep -q 'desc "sab ' || fail "restart: LID 3"
 echo PASS

@@ -415,13 +415,19 @@ int link_show(const std::string &name, bool json) {
                                   {"uverbs", uverbs_of(n)},
                                   {"backend", backend_name(c->backend)}};
       if (!c->provider.empty()) o["provider"] = c->provider;
+      if (c->sa_ip) {
+        o["sa"] = ip_str(c->sa_ip) + ":" + std::to_string(c->sa_port);
+        o["sm_lid"] = c->sm_lid;
+      }
       out.push_back(std::move(o));
     } else {
+      const std::string sa =
+          c->sa_ip ? " sa " + ip_str(c->sa_ip) + ":" + std::to_string(c->sa_port) + " sm_lid " + std::to_string(c->sm_lid) : "";
       printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
-             "mtu %u port %u backend %s%s%s\n",
+             "mtu %u port %u backend %s%s%s%s\n",
              n.c_str(), c->netdev.c_str(), type, c->lid, ip_str(c->ipv4).c_str(), c->active_mtu,
              c->base_port, backend_name(c->backend), c->provider.empty() ? "" : " provider ",
-             c->provider.c_str());
+             c->provider.c_str(), sa.c_str());
     }
   }
   // (Names, netdevs and providers are escaped: a netdev may be named

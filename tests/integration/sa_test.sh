@@ -156,9 +156,13 @@ if [ -n "${tpid:-}" ]; then
   tshark -r "$OUT/cap.pcap" -d udp.port==$SAPORT,infiniband -Y 'infiniband.rmpp.rmpptype == 1' \
     -T fields -e infiniband.mad.method -e infiniband.rmpp.segmentnumber -e infiniband.rmpp.rmppflags \
     -e infiniband.rmpp.payloadlength -e infiniband.sa.attributeoffset >"$OUT/segs" 2>/dev/null
-  # Flags: Active (1) with First (2) or Last (4).
-  first=$(awk '$1 == "0x92" && $2 == 1 && $3 == "0x03" { print $4; exit }' "$OUT/segs")
-  last=$(awk '$1 == "0x92" && $2 == 86 && $3 == "0x05" { print $4; exit }' "$OUT/segs")
+  # RMPPFlags: First (2) on segment 1, Last (4) on segment 86.
+  seg() {
+    tshark -r "$OUT/cap.pcap" -d udp.port==$SAPORT,infiniband -T fields -e infiniband.rmpp.payloadlength \
+      -Y "infiniband.mad.method == 0x92 && infiniband.rmpp.segmentnumber == $1 && infiniband.rmpp.rmppflags & $2" \
+      2>/dev/null | head -1
+  }
+  first=$(seg 1 2) last=$(seg 86 4)
   # 153 records x 112 bytes = 17136 in 86 segments of 200: the first
   # counts 86 x 220 - 64 bytes of padding, the last 220 - 64.
   [ "$((first))" = $((86 * 220 - 64)) ] || { head "$OUT/segs"; fail "tshark: first segment's payload length $first"; }

@@ -23,6 +23,7 @@ SaMad RmppSender::segment(uint32_t n) const {
   SaMad m = proto_;
   m.rmpp.version = kRmppVersion;
   m.rmpp.type = kRmppData;
+  m.rmpp.resp_time = kNoRespTime;
   m.rmpp.flags = kRmppActive;
   m.rmpp.status = kRmppOk;
   m.rmpp.seg = n;
@@ -60,7 +61,7 @@ void RmppSender::send_window(uint64_t now, std::vector<SaMad> &out) {
 
 void RmppSender::abort(uint8_t status, std::vector<SaMad> &out) {
   SaMad m = proto_;
-  m.rmpp = Rmpp{kRmppVersion, kRmppAbort, 0, kRmppActive, status, 0, 0};
+  m.rmpp = Rmpp{kRmppVersion, kRmppAbort, kNoRespTime, kRmppActive, status, 0, 0};
   std::memset(m.data, 0, kSaData);
   out.push_back(m);
   stats.aborts_sent++;
@@ -119,7 +120,7 @@ void RmppSender::tick(uint64_t now, std::vector<SaMad> &out) {
 SaMad RmppReceiver::ack(uint32_t seg, uint32_t newwin) const {
   SaMad m = first_;
   m.hdr.method = uint8_t(first_.hdr.method & ~kResponseBit);   // ACKs travel as the request's method
-  m.rmpp = Rmpp{kRmppVersion, kRmppAck, 0, kRmppActive, kRmppOk, seg, newwin};
+  m.rmpp = Rmpp{kRmppVersion, kRmppAck, kNoRespTime, kRmppActive, kRmppOk, seg, newwin};
   std::memset(m.data, 0, kSaData);
   return m;
 }

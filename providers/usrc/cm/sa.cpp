@@ -99,7 +99,7 @@ void Server::on_mad(Endpoint from, const uint8_t *mad, size_t len, uint64_t now,
   // a receiver that cannot take the transfer STOPs it.
   if (m.rmpp.active() && (m.rmpp.flags & (kRmppFirst | kRmppLast)) != (kRmppFirst | kRmppLast)) {
     SaMad s = m;
-    s.rmpp = Rmpp{kRmppVersion, kRmppStop, 0, kRmppActive, kRmppResources, 0, 0};
+    s.rmpp = Rmpp{kRmppVersion, kRmppStop, kNoRespTime, kRmppActive, kRmppResources, 0, 0};
     out.emplace_back(from, s);
     stats.errors++;
     return;

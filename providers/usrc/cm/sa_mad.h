@@ -51,6 +51,9 @@ enum RmppStatus : uint8_t {
 };
 const char *rmpp_status_name(uint8_t s);
 constexpr uint8_t kRmppVersion = 1;
+// RRespTime 0x1F: "no time value" (IBA 13.6.2.1); the SA's time is in
+// ClassPortInfo.RespTimeValue.
+constexpr uint8_t kNoRespTime = 0x1f;
 
 // Layout: MAD header (24), RMPP header (12), SA header (20: SM_Key,
 // AttributeOffset, reserved, ComponentMask; IBA 15.2.1.1), then 200 bytes

@@ -466,3 +466,26 @@ TEST_CASE("RMPP: malformed and unexpected MADs are dropped and counted", "[sa]")
   CHECK(r.srv.stats.unexpected == 1);
   CHECK(r.srv.stats.transfers_done == 1);
 }
+
+TEST_CASE("SA: a table too large to send is refused, not built", "[sa]") {
+  Rig r(11);
+  r.populate(300);   // 90000 paths between all pairs
+  auto res = r.run(r.submit(request(kGetTable, kPathRecord, 1)));
+  REQUIRE(res);
+  CHECK(res->err == 0);
+  CHECK(res->status == kSaNoResources);
+  // From one source: 300 paths, 94 MADs.
+  SaMad q = request(kGetTable, kPathRecord, 2);
+  PathRecord p;
+  p.slid = 2;
+  p.put(q.data);
+  q.comp_mask = PathRecord::kSlid;
+  res = r.run(r.submit(q));
+  REQUIRE(res);
+  auto recs = records(*res, PathRecord::kLen);
+  REQUIRE(recs.size() == 300);
+  PathRecord last;
+  last.get(recs.back());
+  CHECK(last.slid == 2);
+  CHECK(last.dlid == 301);
+}

@@ -161,13 +161,15 @@ uint16_t Server::register_port(const UsrcPortRecord &r) {
   return lid;
 }
 
-std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_len) const {
+std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_len, size_t limit) const {
   std::vector<std::vector<uint8_t>> recs;
   const uint64_t cm = req.comp_mask;
+  // False once there are more than `limit`: the caller needs to know no more.
   auto add = [&](auto &rec) {
     std::vector<uint8_t> b(rec.kLen);
     rec.put(b.data());
     recs.push_back(std::move(b));
+    return recs.size() <= limit;
   };
   switch (req.hdr.attr_id) {
     case kNodeRecord: {
@@ -184,7 +186,7 @@ std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_l
         r.sys_guid = r.node_guid = p.node_guid;
         r.port_guid = p.port_guid;
         std::snprintf(r.desc, sizeof r.desc, "%s", p.desc.c_str());
-        add(r);
+        if (!add(r)) return recs;
       }
       break;
     }
@@ -202,7 +204,7 @@ std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_l
         r.sm_lid = kSmLid;
         r.mtu_cap = r.neighbor_mtu = p.mtu;
         r.resp_time = kRespTimeValue;
-        add(r);
+        if (!add(r)) return recs;
       }
       break;
     }
@@ -240,7 +242,7 @@ std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_l
           r.rate = 3;   // 10 Gb/s: a UDP path has no rate of its own
           r.pkt_life_selector = 2;
           r.pkt_life = 14;
-          add(r);
+          if (!add(r)) return recs;
         }
       }
       break;
@@ -262,7 +264,7 @@ std::vector<std::vector<uint8_t>> Server::select(const SaMad &req, size_t *rec_l
         r.base_port = p.base_port;
         r.mtu = p.mtu;
         std::snprintf(r.desc, sizeof r.desc, "%s", p.desc.c_str());
-        add(r);
+        if (!add(r)) return recs;
       }
       break;
     }
@@ -290,7 +292,7 @@ void Server::answer(Endpoint from, const SaMad &req, uint64_t now, Out &out) {
         return reply(from, r, kStatusOk, out);
       }
       size_t len = 0;
-      auto recs = select(req, &len);
+      auto recs = select(req, &len, 1);
       if (recs.empty()) return reply(from, r, kSaNoRecords, out);
       if (recs.size() > 1) return reply(from, r, kSaTooManyRecords, out);
       std::memcpy(r.data, recs[0].data(), len);
@@ -329,7 +331,8 @@ void Server::answer(Endpoint from, const SaMad &req, uint64_t now, Out &out) {
       if (!known || attr == kClassPortInfo) return reply(from, req, kStatusBadMethodAttr, out);
       if (transfers_.size() >= kMaxTransfers) return reply(from, req, kSaNoResources, out);
       size_t len = 0;
-      auto recs = select(req, &len);
+      auto recs = select(req, &len, kMaxTableRecords);
+      if (recs.size() > kMaxTableRecords) return reply(from, req, kSaNoResources, out);
       // Records AttributeOffset words apart (IBA 15.2.1.1), all segments
       // one byte stream (15.4.1).
       const size_t step = size_t(words_for(len)) * 8;

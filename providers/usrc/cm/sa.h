@@ -33,6 +33,9 @@ constexpr uint16_t kSmLid = 1;            // the SA's own LID; ports get 2 and u
 constexpr uint16_t kMaxUnicastLid = 0xbfff;   // IBA 4.1.3: unicast LIDs 0x0001-0xBFFF
 constexpr uint8_t kRespTimeValue = 16;    // ClassPortInfo.RespTimeValue: 4.096us * 2^16 = 268 ms
 constexpr size_t kMaxTransfers = 256;     // RMPP transfers in progress at once
+// Records in one GetTable answer (all PathRecords of a large subnet would
+// be billions): beyond, ERR_NO_RESOURCES.
+constexpr size_t kMaxTableRecords = 65536;
 
 class Server {
  public:
@@ -64,8 +67,8 @@ class Server {
   void answer(Endpoint from, const SaMad &req, uint64_t now, Out &out);
   void reply(Endpoint to, SaMad m, uint16_t status, Out &out);
   // The records of `attr` that `req` selects (component mask), one after
-  // another; *rec_len their length on the wire.
-  std::vector<std::vector<uint8_t>> select(const SaMad &req, size_t *rec_len) const;
+  // another, at most limit + 1 of them; *rec_len their length on the wire.
+  std::vector<std::vector<uint8_t>> select(const SaMad &req, size_t *rec_len, size_t limit) const;
   uint16_t register_port(const UsrcPortRecord &r);
   void finish(Transfer &x);
 

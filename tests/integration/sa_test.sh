@@ -91,6 +91,7 @@ ip netns exec $B timeout 30 "$USRC" sa query port -d sab --lid 4 --get | grep -q
   fail "port query"
 note "paths between every pair of the three ports"
 
+CTX=0   # contexts opened: each asks the SA for its table of ports
 # The provider resolves DLIDs through the SA: sab (LID 3) is 10.203.0.2,
 # which the low-bits scheme would take for 10.203.0.3 (sac).
 if command -v ibv_rc_pingpong >/dev/null; then
@@ -102,7 +103,20 @@ if command -v ibv_rc_pingpong >/dev/null; then
     { cat "$OUT/pp.srv" "$OUT/pp.cli"; fail "rc_pingpong between SA LIDs"; }
   wait $ppid || { cat "$OUT/pp.srv"; fail "rc_pingpong server"; }
   grep -q "remote address: *LID 0x0003" "$OUT/pp.cli" || { cat "$OUT/pp.cli"; fail "pingpong: not LID 3"; }
+  CTX=$((CTX + 2))
   note "ibv_rc_pingpong from LID 4 to LID 3 (resolved by the SA): $(grep -h 'bytes in' "$OUT/pp.cli" | head -1)"
+fi
+# And UD: the address handles resolve the DLID through the SA.
+if command -v ibv_ud_pingpong >/dev/null; then
+  port=$(pick_port)
+  ip netns exec $B timeout 60 "$USRC" exec -- ibv_ud_pingpong -d sab -c -n 100 -s 512 -p $port >"$OUT/ud.srv" 2>&1 &
+  ppid=$!
+  wait_listen $B $port || fail "ud_pingpong server did not listen"
+  ip netns exec $C timeout 60 "$USRC" exec -- ibv_ud_pingpong -d sac -c -n 100 -s 512 -p $port $NET.2 >"$OUT/ud.cli" 2>&1 ||
+    { cat "$OUT/ud.srv" "$OUT/ud.cli"; fail "ud_pingpong between SA LIDs"; }
+  wait $ppid || { cat "$OUT/ud.srv"; fail "ud_pingpong server"; }
+  CTX=$((CTX + 2))
+  note "ibv_ud_pingpong from LID 4 to LID 3: $(grep -h 'bytes in' "$OUT/ud.cli" | head -1)"
 fi
 
 # 150 more ports: the NodeRecord table is then 153 records of 112 bytes,
@@ -174,9 +188,12 @@ else
   note "tshark not installed: capture not checked"
 fi
 
+# Tables: the path table, one for the SLIDs of each context of the
+# pingpongs (lossless: done), the three node tables (a transfer
+# whose last ACK was lost is still retrying, or aborted, when the SA stops).
 kill -TERM $sapid; wait $sapid; sapid=
 cat "$OUT/sa.json"
-jq -e '.transfers >= 4 and .transfers_done + .transfers_aborted == .transfers and .segments_sent >= 258' "$OUT/sa.json" >/dev/null || fail "SA counters"
+jq -e '.transfers >= 4 + '$CTX' and .transfers_done >= 1 + '$CTX' and .transfers_done + .transfers_aborted <= .transfers and .segments_sent >= 258' "$OUT/sa.json" >/dev/null || fail "SA counters"
 resent=$(jq '.segments_resent + .timeouts' "$OUT/sa.json")
 [ "$dropped" -eq 0 ] || [ "$resent" -gt 0 ] || fail "packets were dropped but nothing was resent"
 # With no SA, a query ends (7 resends of the request) with an error.

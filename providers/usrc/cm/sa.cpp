@@ -635,20 +635,50 @@ bool Client::query(SaMad req, Requester::Result &out) {
   return sent;
 }
 
+namespace {
+
+// resolve_lid's cache: (SA, LID) -> address, until a time.
+struct LidEntry { uint32_t ip; uint64_t until; };
+std::mutex g_lid_mu;
+std::map<std::pair<uint64_t, uint16_t>, LidEntry> g_lid_cache;
+
+// A verbs call waits for these: fewer retries than a CLI (1.6 s at most).
+RmppTimers verbs_timers() {
+  RmppTimers t;
+  t.max_retries = 3;
+  return t;
+}
+
+}  // namespace
+
+int port_lids(Endpoint sa, uint32_t local_ip, std::unordered_map<uint32_t, uint16_t> *out) {
+  Client cl(sa, verbs_timers());
+  std::string err;
+  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
+  Requester::Result r;
+  if (!cl.query(request(kGetTable, kUsrcPortRecord, 0), r)) return EHOSTUNREACH;
+  if (r.err) return ETIMEDOUT;
+  if (r.status) return EINVAL;
+  std::lock_guard lock(g_lid_mu);
+  for (const uint8_t *p : records(r, UsrcPortRecord::kLen)) {
+    UsrcPortRecord rec;
+    rec.get(p);
+    if (rec.lid == 0 || rec.ipv4 == 0) continue;
+    (*out)[rec.ipv4] = rec.lid;
+    g_lid_cache[{peer_key(sa), rec.lid}] = {rec.ipv4, mono_ns() + kLidCacheNs};
+  }
+  return 0;
+}
+
 int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
-  struct Entry { uint32_t ip; uint64_t until; };
-  static std::mutex mu;
-  static std::map<std::pair<uint64_t, uint16_t>, Entry> cache;   // (SA, LID)
-  std::lock_guard lock(mu);
+  auto &cache = g_lid_cache;
+  std::lock_guard lock(g_lid_mu);
   const auto key = std::pair{peer_key(sa), lid};
   if (auto it = cache.find(key); it != cache.end() && it->second.until > mono_ns()) {
     *ip = it->second.ip;
     return 0;
   }
-  // A verbs call waits for this: fewer retries than a CLI (1.6 s at most).
-  RmppTimers t;
-  t.max_retries = 3;
-  Client cl(sa, t);
+  Client cl(sa, verbs_timers());
   std::string err;
   if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
   SaMad req = request(kGet, kUsrcPortRecord, 0);

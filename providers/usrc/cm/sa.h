@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -175,6 +176,10 @@ class Client {
 // has that LID), ETIMEDOUT (the SA did not answer), or a socket's errno.
 int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip);
 constexpr uint64_t kLidCacheNs = 60'000'000'000ull;
+// Every registered port's LID by address (a SubnAdmGetTable of
+// UsrcPortRecords, RMPP), added to *out; 0 or as resolve_lid. Seeds
+// resolve_lid's cache too.
+int port_lids(Endpoint sa, uint32_t local_ip, std::unordered_map<uint32_t, uint16_t> *out);
 
 // "ADDR[:PORT]" with the default port; false if it is not an IPv4 address.
 constexpr uint16_t kDefaultPort = 4791;

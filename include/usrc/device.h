@@ -51,7 +51,12 @@ struct DeviceConfig {
   LinkLayer link_layer = LinkLayer::ib;
   uint32_t ipv4 = 0;            // host byte order: the address the device binds
   uint32_t prefix_len = 32;
-  uint16_t lid = 0;             // IB link layer: low 14 bits of ipv4 (see lid_for)
+  uint16_t lid = 0;             // IB link layer: low 14 bits of ipv4 (see lid_for), or the SA's
+  // The subnet administrator the port registered with (docs/sa.md):
+  // `sa=ADDR:PORT` in usrc.conf. 0: none, LIDs follow lid_for.
+  uint32_t sa_ip = 0;           // host byte order
+  uint16_t sa_port = 0;
+  uint16_t sm_lid = 0;          // the LID the SA gave itself
   uint32_t active_mtu = 1024;   // bytes: netdev MTU minus headers, capped at 4096
   uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
   uint64_t node_guid = 0;       // host byte order
@@ -78,7 +83,7 @@ struct DeviceConfig {
                                           std::string *err = nullptr);
 };
 
-// LID scheme (IB link layer): a port's LID is the low 14 bits of its IPv4
+// LID scheme (IB link layer) without a subnet administrator: a port's LID is the low 14 bits of its IPv4
 // address, so a DLID resolves to an address in the sender's subnet with no
 // subnet manager and no lookup: ip = (local_ip & ~0x3fff) | dlid.
 // 0 means "this address has no valid LID".

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "usrc/cm/sa.h"
 #include "usrc/boundary.h"
 #include "usrc/common/log.h"
 #include "usrc/common/random.h"
@@ -25,6 +26,13 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
                                             c.get(), c.get());
   c->engine_->max_window = window;
   c->engine_->ud_grh_ipv4 = cfg.link_layer == LinkLayer::roce;
+  if (cfg.link_layer == LinkLayer::ib && cfg.sa_ip) {
+    // The SLIDs of UD completions: the SA's table of ports, asked once
+    // (an SA that does not answer leaves it empty: SLID 0).
+    auto lids = std::make_shared<std::unordered_map<uint32_t, uint16_t>>();
+    sa::port_lids({cfg.sa_ip, cfg.sa_port}, cfg.ipv4, lids.get());
+    c->engine_->sa_lids = std::move(lids);
+  }
 
   c->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (c->wake_fd_ < 0) {

@@ -327,7 +327,7 @@ int query_port(ibv_context *ibctx, uint8_t port, ibv_port_attr *attr) {
   attr->max_msg_sz = rc::kMaxMsgSize;
   attr->pkey_tbl_len = 1;
   attr->lid = cfg.link_layer == LinkLayer::ib ? cfg.lid : 0;
-  attr->sm_lid = 0;
+  attr->sm_lid = cfg.link_layer == LinkLayer::ib ? cfg.sm_lid : 0;
   attr->lmc = 0;
   attr->max_vl_num = 1;
   attr->active_width = 1;      // 1X

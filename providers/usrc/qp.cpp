@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "usrc/cm/sa.h"
 #include "usrc/boundary.h"
 #include "usrc/usrc.h"
 
@@ -203,7 +204,8 @@ static bool ipv4_mapped(const ibv_gid &g, uint32_t *ip) {
 }
 
 // The peer's IP from an address vector: from the DGID (IPv4-mapped) or, on
-// InfiniBand link layer, from the DLID (include/usrc/device.h: the LID scheme).
+// InfiniBand link layer, from the DLID (include/usrc/device.h: the LID scheme,
+// or the port's subnet administrator).
 int resolve_ip(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t *ip_out) {
   // The port's LMC is 0: no source path bits (IBA 7.11.1).
   if (ah.port_num != 1 || ah.sl > 15 || ah.src_path_bits != 0 ||
@@ -219,7 +221,10 @@ int resolve_ip(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t *ip_out)
   }
   if (!ip) {
     if (ah.dlid == 0 || ah.dlid >= 0xc000) return EINVAL;
-    ip = ipv4_for_lid(cfg.ipv4, ah.dlid);
+    if (!cfg.sa_ip) ip = ipv4_for_lid(cfg.ipv4, ah.dlid);
+    else if (ah.dlid == cfg.lid) ip = cfg.ipv4;
+    // LIDs from a subnet administrator: ask it (docs/sa.md).
+    else if (int e = sa::resolve_lid({cfg.sa_ip, cfg.sa_port}, cfg.ipv4, ah.dlid, &ip)) return e;
   }
   *ip_out = ip;
   return 0;

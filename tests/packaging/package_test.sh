@@ -61,6 +61,8 @@ LIBDIR=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 [ -f /etc/libibverbs.d/usrc.driver ] || fail "driver file"
 [ -f /etc/usrc/links.conf ] || fail "links.conf"
 systemctl cat usrc.service >/dev/null 2>&1 || [ -f /lib/systemd/system/usrc.service ] || fail "usrc.service"
+systemctl cat usrc-sa.service >/dev/null 2>&1 || [ -f /lib/systemd/system/usrc-sa.service ] || fail "usrc-sa.service"
+[ -f /etc/usrc/sa.conf ] || fail "sa.conf"
 man -w usrc.7 >/dev/null 2>&1 || [ -f /usr/share/man/man7/usrc.7.gz ] || fail "usrc(7)"
 
 export USRC_ROOT=$ROOT

@@ -118,3 +118,30 @@ TEST_CASE("usrc.conf: the network namespace round-trips; a device without one ha
   CHECK_FALSE(DeviceConfig::parse("name=t0\nipv4=127.0.0.1\nnetns=net:[4026531840]\n", &err));
   CHECK(err.find("line 3: bad netns") == 0);
 }
+
+TEST_CASE("usrc.conf: the subnet administrator and the SM LID round-trip", "[config]") {
+  DeviceConfig c;
+  c.name = "sa0";
+  c.ipv4 = 0x0a000002;
+  c.lid = 7;
+  c.sa_ip = 0x0a000001;
+  c.sa_port = 29700;
+  c.sm_lid = 1;
+  const std::string text = c.serialize();
+  CHECK(text.find("sa=10.0.0.1:29700\n") != std::string::npos);
+  auto back = DeviceConfig::parse(text);
+  REQUIRE(back);
+  CHECK(back->sa_ip == c.sa_ip);
+  CHECK(back->sa_port == 29700);
+  CHECK(back->sm_lid == 1);
+  CHECK(back->lid == 7);
+  // None: no sa line, and LIDs follow the address.
+  DeviceConfig n;
+  n.name = "sa1";
+  n.ipv4 = 0x0a000003;
+  CHECK(n.serialize().find("sa=") == std::string::npos);
+  std::string err;
+  const std::string good = "name=t0\nipv4=127.0.0.1\n";
+  for (const char *bad : {"sa=10.0.0.1", "sa=10.0.0.1:0", "sa=10.0.0.1:70000", "sa=host:1", "sa=:5"})
+    CHECK_FALSE(DeviceConfig::parse(good + bad + "\n", &err));
+}

@@ -5,10 +5,13 @@
 #include <string_view>
 #include <vector>
 
+#include "usrc/device.h"
+
 namespace usrc::cli {
 
 struct LinkAddArgs {
   std::string name, netdev, type = "ib", backend = "udp", provider;
+  std::string sa;   // ADDR[:PORT] of the subnet administrator (docs/sa.md), or ""
   int port = 20000;
 };
 int link_add(const LinkAddArgs &a);
@@ -27,5 +30,19 @@ int stats_show(const std::string &name, bool json);
 int stats_reset(const std::string &name);
 int exec_cmd(const std::vector<std::string> &argv);
 std::vector<std::string> device_names();   // in this root, sorted
+
+// `usrc sa` (docs/sa.md): the subnet administrator daemon, queries, and
+// registration by hand.
+struct SaArgs {
+  std::string listen, state, sa, device, kind = "path", sgid, dgid, guid, addr, desc;
+  int slid = -1, dlid = -1, lid = -1, port = 20000, window = 16;
+  bool json = false, get = false;
+};
+int sa_serve(const SaArgs &a);
+int sa_query(const SaArgs &a);
+int sa_register(const SaArgs &a);
+// Registers a device's port with the SA its sa_ip/sa_port name: fills lid
+// and sm_lid. "" or why not.
+std::string sa_register_device(DeviceConfig &c);
 
 }  // namespace usrc::cli

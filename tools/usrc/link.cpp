@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "usrc/cm/sa.h"
 #include "usrc/common/config_text.h"
 #include "usrc/device.h"
 #include "usrc/version.h"
@@ -155,7 +156,9 @@ int link_add(const LinkAddArgs &a) {
   c.link_layer = a.type == "ib" ? LinkLayer::ib : LinkLayer::roce;
   c.ipv4 = addrs[0].ip;
   c.prefix_len = addrs[0].prefix;
-  if (c.link_layer == LinkLayer::ib) {
+  if (!a.sa.empty() && c.link_layer != LinkLayer::ib)
+    return fail("sa applies to type ib only (RoCE has no LIDs)");
+  if (c.link_layer == LinkLayer::ib && a.sa.empty()) {
     c.lid = lid_for(c.ipv4);
     if (c.lid == 0)
       return fail("address " + ip_str(c.ipv4) +
@@ -179,6 +182,14 @@ int link_add(const LinkAddArgs &a) {
   // The netdev was found by name in this process's namespace: the device is
   // that namespace's (the provider offers it there only).
   c.netns = net_namespace();
+  if (!a.sa.empty()) {
+    // The SA gives the LID (docs/sa.md); the port registers now.
+    sa::Endpoint e;
+    if (!sa::parse_endpoint(a.sa, &e)) return fail("bad sa '" + a.sa + "' (ADDR[:PORT])");
+    c.sa_ip = e.ip;
+    c.sa_port = e.port;
+    if (std::string why = sa_register_device(c); !why.empty()) return fail(why);
+  }
 
   // GID table: IB: the port GID (fe80::/64 + GUID) then the IPv4-mapped
   // addresses; RoCE v2: the IPv4-mapped addresses.
@@ -230,7 +241,8 @@ int link_add(const LinkAddArgs &a) {
     snprintf(lid, sizeof lid, "0x%x\n", c.lid);
     write_file(port / "lid", lid);
     write_file(port / "lid_mask_count", "0\n");
-    write_file(port / "sm_lid", "0x0\n");
+    snprintf(lid, sizeof lid, "0x%x\n", c.sm_lid);
+    write_file(port / "sm_lid", lid);
     write_file(port / "link_layer", c.link_layer == LinkLayer::ib ? "InfiniBand\n" : "Ethernet\n");
     write_file(port / "rate", "2.5 Gb/sec (1X SDR)\n");
     for (size_t i = 0; i < gids.size(); i++) {
@@ -300,7 +312,7 @@ int link_del(const std::string &name) {
   return 0;
 }
 
-// `netdev IF [type ib|roce] [port P] [backend B] [provider P]`, iproute2
+// `netdev IF [type ib|roce] [port P] [backend B] [provider P] [sa ADDR[:PORT]]`, iproute2
 // style: "" when good, else what is wrong.
 std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &a) {
   for (size_t i = 0; i < words.size(); i += 2) {
@@ -311,12 +323,13 @@ std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &
     else if (k == "type") a.type = v;
     else if (k == "backend") a.backend = v;
     else if (k == "provider") a.provider = v;
+    else if (k == "sa") a.sa = v;
     else if (k == "port") {
       auto p = config::to_uint(v, 65535);
       if (!p) return "bad port '" + v + "'";
       a.port = static_cast<int>(*p);
     } else {
-      return "unknown keyword '" + k + "' (expected netdev, type, port, backend, provider)";
+      return "unknown keyword '" + k + "' (expected netdev, type, port, backend, provider, sa)";
     }
   }
   if (a.netdev.empty()) return "link needs 'netdev IFNAME'";
@@ -402,13 +415,19 @@ int link_show(const std::string &name, bool json) {
                                   {"uverbs", uverbs_of(n)},
                                   {"backend", backend_name(c->backend)}};
       if (!c->provider.empty()) o["provider"] = c->provider;
+      if (c->sa_ip) {
+        o["sa"] = ip_str(c->sa_ip) + ":" + std::to_string(c->sa_port);
+        o["sm_lid"] = c->sm_lid;
+      }
       out.push_back(std::move(o));
     } else {
+      const std::string sa =
+          c->sa_ip ? " sa " + ip_str(c->sa_ip) + ":" + std::to_string(c->sa_port) + " sm_lid " + std::to_string(c->sm_lid) : "";
       printf("link %s/1 state ACTIVE physical_state LINK_UP netdev %s type %s lid %u ipv4 %s "
-             "mtu %u port %u backend %s%s%s\n",
+             "mtu %u port %u backend %s%s%s%s\n",
              n.c_str(), c->netdev.c_str(), type, c->lid, ip_str(c->ipv4).c_str(), c->active_mtu,
              c->base_port, backend_name(c->backend), c->provider.empty() ? "" : " provider ",
-             c->provider.c_str());
+             c->provider.c_str(), sa.c_str());
     }
   }
   // (Names, netdevs and providers are escaped: a netdev may be named

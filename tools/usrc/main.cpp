@@ -16,9 +16,9 @@ int main(int argc, char **argv) {
 
   LinkAddArgs add;
   std::vector<std::string> words;
-  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]");
+  auto *ladd = link->add_subcommand("add", "create a device: add NAME netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P] [sa ADDR[:PORT]]");
   ladd->add_option("name", add.name, "device name")->required();
-  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P]")->required();
+  ladd->add_option("words", words, "netdev IF [type ib|roce] [port P] [backend udp|xdp|ofi] [provider P] [sa ADDR[:PORT]]")->required();
 
   std::string del_name;
   auto *ldel = link->add_subcommand("del", "remove a device");
@@ -43,6 +43,30 @@ int main(int argc, char **argv) {
   std::string reset_name;
   stats->add_option("reset_name", reset_name, "with 'reset': the device to zero");
   stats->add_flag("--json,-j", stats_json, "JSON output");
+
+  SaArgs sa;
+  auto *sacmd = app.add_subcommand("sa", "the subnet administrator: sa --listen ADDR[:PORT] runs it (docs/sa.md)");
+  sacmd->add_option("--listen,-l", sa.listen, "serve on ADDR[:PORT] (port 4791 unless given)");
+  sacmd->add_option("--state", sa.state, "keep the registrations in this file (LIDs survive a restart)");
+  auto *saq = sacmd->add_subcommand("query", "print SA records: query [path|node|port]");
+  saq->add_option("kind", sa.kind, "path, node or port")->check(CLI::IsMember({"path", "node", "port"}));
+  saq->add_option("--sa", sa.sa, "the SA's ADDR[:PORT] (else the device's)");
+  saq->add_option("--device,-d", sa.device, "the device whose SA to ask");
+  saq->add_option("--slid", sa.slid, "path: source LID");
+  saq->add_option("--dlid", sa.dlid, "path: destination LID");
+  saq->add_option("--sgid", sa.sgid, "path: source GID");
+  saq->add_option("--dgid", sa.dgid, "path: destination GID");
+  saq->add_option("--lid", sa.lid, "node, port: the port's LID");
+  saq->add_option("--guid", sa.guid, "node: the port GUID (0x hex or decimal)");
+  saq->add_option("--window", sa.window, "RMPP window: segments per ACK")->check(CLI::Range(1, 1024));
+  saq->add_flag("--get", sa.get, "SubnAdmGet (one record) instead of SubnAdmGetTable");
+  saq->add_flag("--json,-j", sa.json, "JSON output");
+  auto *sar = sacmd->add_subcommand("register", "register a port by hand: register --sa ADDR --guid G --addr IP");
+  sar->add_option("--sa", sa.sa, "the SA's ADDR[:PORT]")->required();
+  sar->add_option("--guid", sa.guid, "port GUID (0x hex or decimal)")->required();
+  sar->add_option("--addr", sa.addr, "the port's IPv4 address")->required();
+  sar->add_option("--port", sa.port, "its UDP base port")->check(CLI::Range(1, 65535));
+  sar->add_option("--desc", sa.desc, "its description");
 
   app.add_subcommand("exec", "run a program with usrc devices visible: exec [--trace FILE] -- CMD [ARGS]");
   // Everything after `exec [--]` belongs to the command, options included.
@@ -90,6 +114,15 @@ int main(int argc, char **argv) {
   if (*lrestore) return link_restore(config);
   if (*lflush) return link_flush(config);
   if (*lshow) return link_show(show_name, json);
+  if (*saq) return sa_query(sa);
+  if (*sar) return sa_register(sa);
+  if (*sacmd) {
+    if (sa.listen.empty()) {
+      fprintf(stderr, "usrc: sa: --listen ADDR[:PORT], or a subcommand (query, register)\n");
+      return 2;
+    }
+    return sa_serve(sa);
+  }
   if (*stats) {
     if (stats_name == "reset") return stats_reset(reset_name);
     return stats_show(stats_name, stats_json);

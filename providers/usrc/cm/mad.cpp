@@ -63,14 +63,34 @@ const char *to_string(MadError e) {
   return "?";
 }
 
+void put_hdr(const MadHdr &h, uint8_t out[kMadHdrLen]) {
+  out[0] = h.base_version;
+  out[1] = h.mgmt_class;
+  out[2] = h.class_version;
+  out[3] = h.method;
+  be::put16(out + 4, h.status);
+  be::put16(out + 6, h.class_specific);
+  be::put64(out + 8, h.tid);
+  be::put16(out + 16, h.attr_id);
+  be::put16(out + 18, 0);
+  be::put32(out + 20, h.attr_mod);
+}
+
+void get_hdr(const uint8_t in[kMadHdrLen], MadHdr &h) {
+  h.base_version = in[0];
+  h.mgmt_class = in[1];
+  h.class_version = in[2];
+  h.method = in[3];
+  h.status = be::get16(in + 4);
+  h.class_specific = be::get16(in + 6);
+  h.tid = be::get64(in + 8);
+  h.attr_id = be::get16(in + 16);
+  h.attr_mod = be::get32(in + 20);
+}
+
 void encode(const Msg &m, uint8_t out[kMadLen]) {
   std::memset(out, 0, kMadLen);
-  out[0] = 1;   // BaseVersion
-  out[1] = kMgmtClassCm;
-  out[2] = kCmClassVersion;
-  out[3] = kMethodSend;
-  be::put64(out + 8, m.tid);
-  be::put16(out + 16, static_cast<uint16_t>(m.attr));
+  put_hdr({1, kMgmtClassCm, kCmClassVersion, kMethodSend, 0, 0, m.tid, static_cast<uint16_t>(m.attr), 0}, out);
   uint8_t *d = out + kMadHdrLen;
   be::put32(d, m.local_comm);
   switch (m.attr) {

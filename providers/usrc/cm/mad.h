@@ -17,6 +17,18 @@ constexpr uint8_t kCmClassVersion = 2;
 constexpr uint8_t kMethodSend = 0x03;
 constexpr uint32_t kGsiQkey = 0x80010000;   // IBA 10.2.4: QP1's well-known Q_Key
 
+// The common MAD header (IBA 13.4.3, table 146), shared by every class
+// usrc speaks (CM here, SA in sa_mad.h).
+struct MadHdr {
+  uint8_t base_version = 1, mgmt_class = 0, class_version = 0, method = 0;
+  uint16_t status = 0, class_specific = 0;
+  uint64_t tid = 0;
+  uint16_t attr_id = 0;
+  uint32_t attr_mod = 0;
+};
+void put_hdr(const MadHdr &h, uint8_t out[kMadHdrLen]);
+void get_hdr(const uint8_t in[kMadHdrLen], MadHdr &h);
+
 // Attribute IDs (IBA 12.6.3, table 104).
 enum class Attr : uint16_t {
   req = 0x0010, mra = 0x0011, rej = 0x0012, rep = 0x0013, rtu = 0x0014,

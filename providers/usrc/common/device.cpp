@@ -77,6 +77,7 @@ std::string DeviceConfig::serialize() const {
     << "backend=" << backend_name(backend) << "\n";
   if (!provider.empty()) o << "provider=" << provider << "\n";
   if (netns) o << "netns=" << netns << "\n";
+  if (sa_ip) o << "sa=" << ip_str(sa_ip) << ":" << sa_port << "\n" << "sm_lid=" << sm_lid << "\n";
   return o.str();
 }
 
@@ -114,6 +115,17 @@ std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::st
       c.backend = *b;
     } else if (k == "provider") c.provider = val;
     else if (k == "netns") return number(c.netns, UINT64_MAX);
+    else if (k == "sm_lid") return number(c.sm_lid, UINT16_MAX);
+    else if (k == "sa") {
+      const size_t colon = val.find(':');
+      in_addr a{};
+      if (colon == std::string::npos || inet_pton(AF_INET, val.substr(0, colon).c_str(), &a) != 1)
+        return "bad sa: " + val + " (ADDR:PORT)";
+      c.sa_ip = ntohl(a.s_addr);
+      auto port = config::to_uint(std::string_view(val).substr(colon + 1), UINT16_MAX, false);
+      if (!port || *port == 0) return "bad sa: " + val + " (ADDR:PORT)";
+      c.sa_port = static_cast<uint16_t>(*port);
+    }
     // Unknown keys are ignored so that newer tools can add keys.
     return "";
   };

@@ -60,7 +60,7 @@ void Engine::datagram_rx(Qp &qp, const PacketView &v, size_t pkt_len) {
   const uint32_t len = static_cast<uint32_t>(v.p.payload_len);
   const bool imm = v.p.info->mask & wire::HAS_IMMDT;
   Completion c{r->wr.wr_id, WcStatus::success, WcOpcode::recv, imm, h.bth.se, kGrhLen + len, imm ? h.imm_be : 0,
-               qp.qpn, h.deth.src_qp, ud_grh_ipv4 ? uint16_t(0) : lid_for(v.src.ip), stamp()};
+               qp.qpn, h.deth.src_qp, ud_grh_ipv4 ? uint16_t(0) : slid_of(v.src.ip), stamp()};
   c.grh = ud_grh_ipv4;
   if (r->bad) {
     c.status = WcStatus::loc_prot_err, c.byte_len = 0;   // (an SGE that failed its lkey check)

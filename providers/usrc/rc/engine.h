@@ -168,6 +168,16 @@ class Engine {
   // the datagram's IPv4 header, as RoCE v2 puts it (IBV_WC_GRH); on the
   // InfiniBand link layer there is no GRH and the source is the SLID.
   bool ud_grh_ipv4 = false;
+  // A port with a subnet administrator (docs/sa.md): the LIDs of the
+  // registered ports by address, read once when the context opens (never
+  // changed after), for a UD completion's SLID; an address not in it has
+  // SLID 0. Null: LIDs are the low bits of the address (lid_for).
+  std::shared_ptr<const std::unordered_map<uint32_t, uint16_t>> sa_lids;
+  uint16_t slid_of(uint32_t ip) const {
+    if (!sa_lids) return lid_for(ip);
+    auto it = sa_lids->find(ip);
+    return it == sa_lids->end() ? 0 : it->second;
+  }
   static constexpr uint32_t kGrhLen = 40;
   int post_recv(Qp &qp, const RecvWr &wr);
   // As send_slot/post_slot, into a QP's own receive queue (not in RESET)

@@ -352,10 +352,14 @@ class HostNet final : public Net {
       return;
     }
     uint32_t slot = 0;
-    if (wire::be::get16(mad + 16) == static_cast<uint16_t>(Attr::req)) {
+    const uint16_t attr = wire::be::get16(mad + 16);
+    const bool req = attr == static_cast<uint16_t>(Attr::req) || attr == static_cast<uint16_t>(Attr::sidr_req);
+    if (req) {   // both carry the service ID at the same place
       char b[64];
       ssize_t l = readlink(service_path(wire::be::get64(mad + kMadHdrLen + 8)).c_str(), b, sizeof b - 1);
       if (l > 1 && b[0] == 'p') slot = static_cast<uint32_t>(std::strtoul(std::string(b + 1, l - 1).c_str(), nullptr, 10));
+    } else if (attr == static_cast<uint16_t>(Attr::sidr_rep)) {
+      slot = slot_of_comm(wire::be::get32(mad + kMadHdrLen));   // the Request ID it answers
     } else {
       slot = slot_of_comm(wire::be::get32(mad + kMadHdrLen + 4));
     }
@@ -368,7 +372,7 @@ class HostNet final : public Net {
         return;
       }
       // Its process is gone: a REQ is refused here (no listener), the rest dropped.
-      if (wire::be::get16(mad + 16) != static_cast<uint16_t>(Attr::req)) {
+      if (!req) {
         count(dev, Counter::cm_rcvd);
         count(dev, Counter::cm_dropped);
         return;

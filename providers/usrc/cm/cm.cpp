@@ -987,6 +987,7 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   }
   auto lit = listeners_.find(m.service_id);
   if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
+    if (first_unheard(src_ip, m.local_comm)) return;
     return reject(kRejInvalidServiceId);
   }
   Id *l = lit->second;
@@ -1023,6 +1024,19 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kReqPrivate - kIpHdrLen, l->uid);
 }
 
+// A request for a service nobody listens on is refused when it comes again
+// (its first resend, about a second later), not at once: a server that
+// makes a new listener right after telling its client to connect (perftest
+// -R does, between two handshakes) is then not refused by the race.
+bool Cm::first_unheard(uint32_t src_ip, uint32_t comm) {
+  const uint64_t now = net_.now_ns();
+  constexpr uint64_t kForget = 30'000'000'000ull;
+  for (auto it = unheard_.begin(); it != unheard_.end();)
+    it = now - it->second > kForget ? unheard_.erase(it) : std::next(it);
+  if (unheard_.size() > 4096) unheard_.clear();   // a flood: refuse at once
+  return unheard_.emplace(std::make_pair(src_ip, comm), now).second;
+}
+
 uint32_t Cm::new_comm() {
   const uint32_t mask = (1u << kCommSlotShift) - 1;
   uint32_t n = ++next_comm_ & mask;
@@ -1057,8 +1071,10 @@ void Cm::on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     return answer(kSidrNoService);
   }
   auto lit = listeners_.find(m.service_id);
-  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4))
+  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
+    if (first_unheard(src_ip, m.local_comm)) return;
     return answer(kSidrNoService);
+  }
   Id *l = lit->second;
   const Device *d = device_for_ip(dev.ipv4);
   if (!d) return answer(kSidrNoService);

@@ -36,7 +36,10 @@ constexpr uint32_t kUdpQkey = 0x01234567;   // RDMA_UDP_QKEY: the Q_Key of RDMA_
 // (IBA 12.6.5: Remote/Local CM Response Timeout, Max CM Retries).
 constexpr uint8_t kCmTimeout = 18, kCmRetries = 3;
 constexpr uint8_t kLocalAckTimeout = 14;   // the QP's (RTS): 4.096 us << 14, 67 ms
-constexpr uint8_t kMinRnrTimer = 12;       // 0.64 ms (IBA table 45)
+// The RNR NAK timer the responder asks for: code 0, 655.36 ms (IBA table 45),
+// as the kernel's cm_init_qp_rtr_attr gives; a peer with few RNR retries
+// then waits seconds for a receive, not milliseconds.
+constexpr uint8_t kMinRnrTimer = 0;
 constexpr uint8_t kMaxPrivate = 56;        // a REQ's 92 bytes less the IP CM header
 constexpr uint8_t kMaxSidrPrivate = 180;   // a SIDR REQ's 216 bytes less the IP CM header
 

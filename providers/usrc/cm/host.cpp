@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "usrc/common/guard.h"
+#include "usrc/net/trace.h"
 #include "usrc/wire/hdr.h"
 #include "usrc/wire/icrc.h"
 
@@ -194,6 +195,7 @@ class HostNet final : public Net {
     to.sin_addr.s_addr = htonl(dst_ip);
     to.sin_port = htons(from.base_port);
     (void)sendto(s.fd, pkt, sizeof pkt, 0, reinterpret_cast<sockaddr *>(&to), sizeof to);
+    net::trace_datagram({from.ipv4, s.port}, {dst_ip, from.base_port}, pkt, sizeof pkt);
   }
 
   int claim_service(uint64_t sid) override {
@@ -267,7 +269,11 @@ class HostNet final : public Net {
             std::memcpy(&h, buf, sizeof h);
             if (h.magic != kFwdMagic) continue;
             const Device *d = device(h.dev_ipv4, h.base_port);
-            if (d) deliver(*d, h.src_ip, buf + sizeof h, static_cast<size_t>(n) - sizeof h);
+            if (d) {
+              net::trace_datagram({h.src_ip, h.src_port}, {d->ipv4, d->base_port}, buf + sizeof h,
+                                  static_cast<size_t>(n) - sizeof h);
+              deliver(*d, h.src_ip, buf + sizeof h, static_cast<size_t>(n) - sizeof h);
+            }
           }
         }
         for (size_t k = 2; k < fds.size(); k++) {
@@ -281,6 +287,7 @@ class HostNet final : public Net {
             if (n < 0) break;
             demux(g.dev, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), buf,
                   static_cast<size_t>(n));
+
           }
         }
       }
@@ -378,6 +385,7 @@ class HostNet final : public Net {
         return;
       }
     }
+    net::trace_datagram({src_ip, src_port}, {dev.ipv4, dev.base_port}, pkt, n);
     cm_->on_mad(dev, src_ip, mad, kMadLen);
   }
 

@@ -395,11 +395,21 @@ TEST_CASE("CM: connect, QP attributes, disconnect", "[cm]") {
   rdma_ucm_event_resp e;
   CHECK(a.event(e) == EAGAIN);
   CHECK(b.event(e) == EAGAIN);
+  // Both ends leave timewait after it: TIMEWAIT_EXIT (15), as the kernel reports.
+  CHECK(a.cm.next_deadline() != UINT64_MAX);
+  w.now += 1'000'000'000;
+  a.cm.tick();
+  b.cm.tick();
+  REQUIRE(a.next_event() == 15);
+  CHECK(a.last.id == aid);
+  REQUIRE(b.next_event() == 15);
+  CHECK(b.last.id == bid);
+  CHECK(a.event(e) == EAGAIN);
 
   rdma_ucm_destroy_id_resp dr{};
   rdma_ucm_destroy_id d{reinterpret_cast<uintptr_t>(&dr), aid, 0};
   REQUIRE(a.cmd(RDMA_USER_CM_CMD_DESTROY_ID, d, sizeof dr) == 0);
-  CHECK(dr.events_reported == 4);   // ADDR_RESOLVED, ROUTE_RESOLVED, CONNECT_RESPONSE, DISCONNECTED
+  CHECK(dr.events_reported == 5);   // ADDR_RESOLVED, ROUTE_RESOLVED, CONNECT_RESPONSE, DISCONNECTED, TIMEWAIT_EXIT
   CHECK(a.cmd(RDMA_USER_CM_CMD_DESTROY_ID, d, sizeof dr) == ENOENT);
 }
 
@@ -526,6 +536,16 @@ TEST_CASE("CM: commands the kernel refuses are refused alike", "[cm]") {
   bi.addr.sin6_family = AF_INET6;
   CHECK(a.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == EAFNOSUPPORT);
   CHECK(a.cmd(RDMA_USER_CM_CMD_CONNECT, rdma_ucm_connect{{}, id, 0, {}}) == EINVAL);
+  // A loopback address no device has: bound, to no device yet (libfabric's
+  // verbs provider binds "localhost" and then looks at the interfaces).
+  uint32_t lo = a.create(6);
+  bi.addr = sin(0x7f000001, 0);
+  bi.id = lo;
+  CHECK(a.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+  rdma_ucm_query_addr_resp q{};
+  rdma_ucm_query qc{reinterpret_cast<uintptr_t>(&q), lo, RDMA_USER_CM_QUERY_ADDR};
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_QUERY, qc, sizeof q) == 0);
+  CHECK(q.node_guid == 0);
 }
 
 namespace {

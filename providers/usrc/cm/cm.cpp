@@ -40,6 +40,10 @@ constexpr uint8_t kLocalAckTimeout = 14;   // the QP's (RTS): 4.096 us << 14, 67
 // as the kernel's cm_init_qp_rtr_attr gives; a peer with few RNR retries
 // then waits seconds for a receive, not milliseconds.
 constexpr uint8_t kMinRnrTimer = 0;
+// How long a disconnected connection stays in timewait (IBA 12.9.7.4):
+// the kernel waits its path's local ACK timeout, 4.096 us << 17 for the
+// packet lifetime the rdma_cm gives RoCE paths; then TIMEWAIT_EXIT.
+constexpr uint8_t kTimewait = 17;
 constexpr uint8_t kMaxPrivate = 56;        // a REQ's 92 bytes less the IP CM header
 constexpr uint8_t kMaxSidrPrivate = 180;   // a SIDR REQ's 216 bytes less the IP CM header
 
@@ -86,7 +90,9 @@ enum class St {
   idle, bound, addr_resolved, route_resolved, listen,
   req_sent, rep_rcvd,            // active: REQ out; REP in, CONNECT_RESPONSE given
   req_rcvd, rep_sent,            // passive: CONNECT_REQUEST given; REP out
-  established, dreq_sent, dreq_rcvd, closed,
+  established, dreq_sent, dreq_rcvd,
+  timewait,                      // disconnected; TIMEWAIT_EXIT when it ends
+  closed,
 };
 
 struct Id {
@@ -277,7 +283,10 @@ int Cm::bind(Id *id, uint32_t ip, uint16_t port) {
   const Device *d = nullptr;
   if (ip != 0) {
     d = device_for_ip(ip);
-    if (!d) return EADDRNOTAVAIL;
+    // A loopback address no device has binds to no device yet, as a
+    // wildcard does (the kernel binds it to its first device instead).
+    // libfabric's verbs provider binds "localhost" to find its devices.
+    if (!d && (ip >> 24) != 127) return EADDRNOTAVAIL;
   }
   auto used = [&](uint16_t p) {
     for (auto &[h, o] : ids_) {
@@ -717,9 +726,9 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
         }
         case St::dreq_rcvd:
           send(id, base_msg(id, Attr::drep), false);
-          id->st = St::closed;
+          timewait(id);
           return 0;
-        case St::dreq_sent: case St::closed:
+        case St::dreq_sent: case St::timewait: case St::closed:
           return 0;
         default:
           return -EINVAL;
@@ -938,11 +947,10 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
           return;
         case St::dreq_sent:   // both ends at once: answer, and it is over
           send(id, base_msg(id, Attr::drep), false);
-          id->st = St::closed;
-          id->deadline = UINT64_MAX;
+          timewait(id);
           queue(id, kDisconnected, 0, m.priv, m.priv_len);
           return;
-        case St::closed:      // our DREP was lost
+        case St::timewait: case St::closed:   // our DREP was lost
           send(id, base_msg(id, Attr::drep), false);
           return;
         default:
@@ -950,8 +958,7 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
       }
     case Attr::drep:
       if (id->st != St::dreq_sent) return;   // a duplicate
-      id->st = St::closed;
-      id->deadline = UINT64_MAX;
+      timewait(id);
       queue(id, kDisconnected, 0, m.priv, m.priv_len);
       return;
     default:
@@ -1038,6 +1045,15 @@ bool Cm::first_unheard(uint32_t src_ip, uint32_t comm) {
     it = now - it->second > kForget ? unheard_.erase(it) : std::next(it);
   if (unheard_.size() > 4096) unheard_.clear();   // a flood: refuse at once
   return unheard_.emplace(std::make_pair(src_ip, comm), now).second;
+}
+
+// A connection's end (DREP sent or received, or the DREQ unanswered):
+// stray MADs of it are still answered until the timewait is over.
+void Cm::timewait(Id *id) {
+  id->st = St::timewait;
+  id->retries_left = 0;
+  id->deadline = net_.now_ns() + timeout_ns(kTimewait);
+  net_.timers_changed();
 }
 
 uint32_t Cm::new_comm() {
@@ -1177,8 +1193,12 @@ void Cm::tick() {
         queue(id, kUnreachable, -ETIMEDOUT);
         break;
       case St::dreq_sent:
-        id->st = St::closed;
+        timewait(id);
         queue(id, kDisconnected, 0);
+        break;
+      case St::timewait:   // the kernel reports its end (RDMA_CM_EVENT_TIMEWAIT_EXIT)
+        id->st = St::closed;
+        queue(id, kTimewaitExit, 0);
         break;
       default:
         break;

@@ -106,6 +106,7 @@ class Cm {
   void on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m);
   void on_sidr_rep(Id *id, const Msg &m);
   uint32_t new_comm();
+  void timewait(Id *id);
   bool first_unheard(uint32_t src_ip, uint32_t comm);
   void peer_ah(Id *id, ib_uverbs_ah_attr &ah);
 

@@ -41,8 +41,8 @@ constexpr uint8_t kLocalAckTimeout = 14;   // the QP's (RTS): 4.096 us << 14, 67
 // then waits seconds for a receive, not milliseconds.
 constexpr uint8_t kMinRnrTimer = 0;
 // How long a disconnected connection stays in timewait (IBA 12.9.7.4):
-// the kernel waits its path's local ACK timeout, 4.096 us << 17 for the
-// packet lifetime the rdma_cm gives RoCE paths; then TIMEWAIT_EXIT.
+// 4.096 us << 17, about half a second, of the order of the kernel's (which
+// waits a time derived from its path's packet lifetime); then TIMEWAIT_EXIT.
 constexpr uint8_t kTimewait = 17;
 constexpr uint8_t kMaxPrivate = 56;        // a REQ's 92 bytes less the IP CM header
 constexpr uint8_t kMaxSidrPrivate = 180;   // a SIDR REQ's 216 bytes less the IP CM header
@@ -380,8 +380,8 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       rdma_ucm_create_id c;
       std::memcpy(&c, in, sizeof c);
       if (h.out < sizeof(rdma_ucm_create_id_resp)) return -ENOSPC;
-      // Phase 1: RC over RDMA_PS_TCP. UD port spaces (UDP, IPoIB) and
-      // AF_IB's RDMA_PS_IB are for later: refused, not faked.
+      // RC over RDMA_PS_TCP, UD over RDMA_PS_UDP. RDMA_PS_IPOIB (its Q_Key
+      // comes from the SA) and AF_IB's RDMA_PS_IB: refused, not faked.
       const bool ud = c.ps == kPsUdp && c.qp_type == IBV_QPT_UD;
       if (!ud && (c.ps != kPsTcp || c.qp_type != IBV_QPT_RC)) return -EOPNOTSUPP;
       Id *id = new_id(f, c.uid);

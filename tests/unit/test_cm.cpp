@@ -1,6 +1,11 @@
 // The rdma_cm emulation (providers/usrc/cm, docs/cm.md): the CM MAD codec
 // and framing, and the state machine driven through the ucma ABI between
 // two Cm instances over a fake network and clock.
+// First, as in cm.cpp: <rdma/rdma_user_cm.h> before the libc socket
+// headers gives every translation unit the kernel's struct in6_addr and
+// sockaddr_in6 (the link-time optimiser checks they are one type).
+#include "usrc/cm/cm.h"
+
 #include <arpa/inet.h>
 #include <catch2/catch.hpp>
 
@@ -12,7 +17,6 @@
 #include <infiniband/verbs.h>
 #include <rdma/ib_user_verbs.h>
 
-#include "usrc/cm/cm.h"
 #include "usrc/common/guard.h"
 
 using namespace usrc;

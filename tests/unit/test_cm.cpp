@@ -1,6 +1,11 @@
 // The rdma_cm emulation (providers/usrc/cm, docs/cm.md): the CM MAD codec
 // and framing, and the state machine driven through the ucma ABI between
 // two Cm instances over a fake network and clock.
+// First, as in cm.cpp: <rdma/rdma_user_cm.h> before the libc socket
+// headers gives every translation unit the kernel's struct in6_addr and
+// sockaddr_in6 (the link-time optimiser checks they are one type).
+#include "usrc/cm/cm.h"
+
 #include <arpa/inet.h>
 #include <catch2/catch.hpp>
 
@@ -12,7 +17,6 @@
 #include <infiniband/verbs.h>
 #include <rdma/ib_user_verbs.h>
 
-#include "usrc/cm/cm.h"
 #include "usrc/common/guard.h"
 
 using namespace usrc;
@@ -129,8 +133,53 @@ TEST_CASE("malformed CM MADs are refused by decode", "[cm]") {
   b[3] = 0x81;   // a response method
   CHECK(decode(b, kMadLen, d) == MadError::bad_method);
   std::memcpy(b, mad, kMadLen);
-  b[17] = 0x17;  // SIDR_REQ: a later phase
+  b[17] = 0x19;  // LAP: not handled
   CHECK(decode(b, kMadLen, d) == MadError::unknown_attr);
+}
+
+TEST_CASE("SIDR MADs round-trip through encode and decode", "[cm]") {
+  uint8_t mad[kMadLen];
+  Msg q;
+  q.attr = Attr::sidr_req;
+  q.local_comm = 0x100007;
+  q.service_id = service_id(0x0111, 7174);
+  q.priv_len = kSidrReqPrivate;
+  for (size_t i = 0; i < kSidrReqPrivate; i++) q.priv[i] = uint8_t(i);
+  encode(q, mad);
+  CHECK(mad[17] == 0x17);
+  CHECK(mad[kMadHdrLen + 16] == 0);   // private data at byte 16 (IBA table 112)
+  CHECK(mad[kMadHdrLen + 16 + 215] == 215);
+  Msg d;
+  REQUIRE(decode(mad, sizeof mad, d) == MadError::ok);
+  CHECK(d.attr == Attr::sidr_req);
+  CHECK(d.local_comm == q.local_comm);
+  CHECK(d.service_id == 0x01111c06ull);
+  CHECK(d.pkey == 0xffff);
+  CHECK(d.priv_len == kSidrReqPrivate);
+  CHECK(std::memcmp(d.priv, q.priv, kSidrReqPrivate) == 0);
+
+  Msg r;
+  r.attr = Attr::sidr_rep;
+  r.remote_comm = 0x100007;
+  r.sidr_status = kSidrRejected;
+  r.qpn = 0x3004;
+  r.qkey = 0x01234567;
+  r.service_id = q.service_id;
+  r.priv_len = 2;
+  r.priv[0] = 'o';
+  r.priv[1] = 'k';
+  encode(r, mad);
+  CHECK(mad[17] == 0x18);
+  CHECK(mad[kMadHdrLen + 96] == 'o');   // private data at byte 96 (IBA table 113)
+  REQUIRE(decode(mad, sizeof mad, d) == MadError::ok);
+  CHECK(d.attr == Attr::sidr_rep);
+  CHECK(d.remote_comm == 0x100007);
+  CHECK(d.sidr_status == kSidrRejected);
+  CHECK(d.qpn == 0x3004);
+  CHECK(d.qkey == 0x01234567);
+  CHECK(d.service_id == q.service_id);
+  CHECK(d.priv_len == kSidrRepPrivate);
+  CHECK(d.priv[1] == 'k');
 }
 
 TEST_CASE("CM MADs are framed as UD datagrams to QP1", "[cm]") {
@@ -208,13 +257,13 @@ struct Side {
     ssize_t r = cm.write(file.get(), &b, sizeof b, [&](int) { return file.get(); });
     return r < 0 ? static_cast<int>(-r) : 0;
   }
-  uint32_t create(uint64_t uid) {
+  uint32_t create(uint64_t uid, bool ud = false) {
     rdma_ucm_create_id c{};
     rdma_ucm_create_id_resp r{};
     c.uid = uid;
     c.response = reinterpret_cast<uintptr_t>(&r);
-    c.ps = 0x0106;
-    c.qp_type = IBV_QPT_RC;
+    c.ps = ud ? 0x0111 : 0x0106;
+    c.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC;
     REQUIRE(cmd(RDMA_USER_CM_CMD_CREATE_ID, c, sizeof r) == 0);
     return r.id;
   }
@@ -350,11 +399,21 @@ TEST_CASE("CM: connect, QP attributes, disconnect", "[cm]") {
   rdma_ucm_event_resp e;
   CHECK(a.event(e) == EAGAIN);
   CHECK(b.event(e) == EAGAIN);
+  // Both ends leave timewait after it: TIMEWAIT_EXIT (15), as the kernel reports.
+  CHECK(a.cm.next_deadline() != UINT64_MAX);
+  w.now += 1'000'000'000;
+  a.cm.tick();
+  b.cm.tick();
+  REQUIRE(a.next_event() == 15);
+  CHECK(a.last.id == aid);
+  REQUIRE(b.next_event() == 15);
+  CHECK(b.last.id == bid);
+  CHECK(a.event(e) == EAGAIN);
 
   rdma_ucm_destroy_id_resp dr{};
   rdma_ucm_destroy_id d{reinterpret_cast<uintptr_t>(&dr), aid, 0};
   REQUIRE(a.cmd(RDMA_USER_CM_CMD_DESTROY_ID, d, sizeof dr) == 0);
-  CHECK(dr.events_reported == 4);   // ADDR_RESOLVED, ROUTE_RESOLVED, CONNECT_RESPONSE, DISCONNECTED
+  CHECK(dr.events_reported == 5);   // ADDR_RESOLVED, ROUTE_RESOLVED, CONNECT_RESPONSE, DISCONNECTED, TIMEWAIT_EXIT
   CHECK(a.cmd(RDMA_USER_CM_CMD_DESTROY_ID, d, sizeof dr) == ENOENT);
 }
 
@@ -381,7 +440,8 @@ TEST_CASE("CM: bad, unknown and duplicate MADs are counted and dropped or refuse
   CHECK(b.net.counts[Counter::cm_dropped] > 0);
   w.out.clear();
 
-  // A REQ for a port nobody listens on: REJ, invalid service ID.
+  // A REQ for a port nobody listens on: REJ, invalid service ID, when it
+  // comes again (the first may have raced the listener).
   Msg req;
   req.attr = Attr::req;
   req.local_comm = 0x100099;
@@ -390,6 +450,8 @@ TEST_CASE("CM: bad, unknown and duplicate MADs are counted and dropped or refuse
   req.priv_len = kIpHdrLen;
   uint8_t mad[kMadLen];
   encode(req, mad);
+  b.cm.on_mad(b.net.dev_, kIpA, mad, sizeof mad);
+  CHECK(w.out.empty());
   b.cm.on_mad(b.net.dev_, kIpA, mad, sizeof mad);
   REQUIRE(w.out.size() == 1);
   Msg rej;
@@ -461,7 +523,7 @@ TEST_CASE("CM: commands the kernel refuses are refused alike", "[cm]") {
   rdma_ucm_create_id c{};
   rdma_ucm_create_id_resp r{};
   c.response = reinterpret_cast<uintptr_t>(&r);
-  c.ps = 0x0111;   // RDMA_PS_UDP: a later phase
+  c.ps = 0x0002;   // RDMA_PS_IPOIB: its Q_Key comes from the SA
   c.qp_type = IBV_QPT_UD;
   CHECK(a.cmd(RDMA_USER_CM_CMD_CREATE_ID, c, sizeof r) == EOPNOTSUPP);
   c.ps = 0x0106;
@@ -478,4 +540,181 @@ TEST_CASE("CM: commands the kernel refuses are refused alike", "[cm]") {
   bi.addr.sin6_family = AF_INET6;
   CHECK(a.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == EAFNOSUPPORT);
   CHECK(a.cmd(RDMA_USER_CM_CMD_CONNECT, rdma_ucm_connect{{}, id, 0, {}}) == EINVAL);
+  // A loopback address no device has: bound, to no device yet (libfabric's
+  // verbs provider binds "localhost" and then looks at the interfaces).
+  uint32_t lo = a.create(6);
+  bi.addr = sin(0x7f000001, 0);
+  bi.id = lo;
+  CHECK(a.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+  rdma_ucm_query_addr_resp q{};
+  rdma_ucm_query qc{reinterpret_cast<uintptr_t>(&q), lo, RDMA_USER_CM_QUERY_ADDR};
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_QUERY, qc, sizeof q) == 0);
+  CHECK(q.node_guid == 0);
+}
+
+namespace {
+// A asks B's UD service on port 6000 for its QPN and Q_Key (SIDR). Returns
+// A's id and B's new id (after CONNECT_REQUEST).
+void sidr_request(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &bid, uint16_t port = 6000) {
+  aid = a.create(200, true);
+  rdma_ucm_resolve_ip ri{};
+  ri.dst_addr = sin(kIpB, port);
+  ri.id = aid;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
+  REQUIRE(a.next_event() == 0);
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
+  REQUIRE(a.next_event() == 2);
+  int err = -1;
+  ib_uverbs_qp_attr init = a.qp_attr(aid, IBV_QPS_INIT);
+  CHECK((init.qp_attr_mask & IBV_QP_QKEY));
+  CHECK(init.qkey == 0x01234567);
+  CHECK(init.port_num == 1);
+  CHECK(a.qp_attr(aid, IBV_QPS_RTR).qp_attr_mask == IBV_QP_STATE);
+  CHECK(a.qp_attr(aid, IBV_QPS_RTS).qp_attr_mask == (IBV_QP_STATE | IBV_QP_SQ_PSN));
+  a.qp_attr(aid, IBV_QPS_SQD, &err);
+  CHECK(err == EINVAL);
+  rdma_ucm_connect c{};
+  c.id = aid;
+  c.conn_param.qp_num = 0x1005;
+  c.conn_param.private_data_len = 180;   // a SIDR REQ's 216 bytes less the IP CM header
+  std::memcpy(c.conn_param.private_data, "udp?", 4);
+  c.conn_param.valid = 1;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  deliver(w, a, b);
+  if (b.event(b.last) == 0) {
+    bid = b.last.id;
+  } else {
+    bid = UINT32_MAX;
+  }
+}
+}  // namespace
+
+TEST_CASE("CM: UD port space, SIDR REQ and REP", "[cm]") {
+  Wire w;
+  Side a(w, kIpA, 1), b(w, kIpB, 2);
+  uint32_t lid = b.create(100, true);
+  rdma_ucm_bind_ip bi{};
+  bi.addr = sin(kIpB, 6000);
+  bi.id = lid;
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
+  // An RC id may take the same port: another port space.
+  uint32_t rc = b.create(101);
+  bi.id = rc;
+  CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+
+  uint32_t aid, bid;
+  sidr_request(w, a, b, aid, bid);
+  REQUIRE(bid != UINT32_MAX);
+  CHECK(b.last.event == 4);   // CONNECT_REQUEST, on the listener
+  CHECK(b.last.uid == 100);
+  CHECK(b.last.param.ud.private_data_len == 180);
+  CHECK(std::memcmp(b.last.param.ud.private_data, "udp?", 4) == 0);
+  CHECK(b.last.param.ud.qp_num == 0);   // the kernel gives no QPN nor AH here
+  // The passive id's QP: INIT with the Q_Key, before it accepts.
+  CHECK(b.qp_attr(bid, IBV_QPS_INIT).qkey == 0x01234567);
+  rdma_ucm_accept ac{};
+  ac.uid = 300;
+  ac.id = bid;
+  ac.conn_param.qp_num = 0x2006;
+  ac.conn_param.private_data_len = 2;
+  std::memcpy(ac.conn_param.private_data, "ok", 2);
+  ac.conn_param.valid = 1;
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_ACCEPT, ac) == 0);
+  deliver(w, a, b);
+  REQUIRE(a.next_event() == 9);   // ESTABLISHED with the UD parameters
+  CHECK(a.last.uid == 200);
+  const rdma_ucm_ud_param &u = a.last.param.ud;
+  CHECK(u.qp_num == 0x2006);
+  CHECK(u.qkey == 0x01234567);
+  CHECK(u.ah_attr.is_global == 1);
+  CHECK(u.ah_attr.port_num == 1);
+  CHECK(u.ah_attr.grh.dgid[10] == 0xff);
+  CHECK(u.ah_attr.grh.dgid[15] == 0x02);   // ::ffff:10.0.0.2
+  CHECK(u.ah_attr.grh.sgid_index == 1);
+  CHECK(std::memcmp(u.private_data, "ok", 2) == 0);
+  // No further event on B (no RTU in SIDR), and a repeated SIDR REQ is
+  // answered again without a second CONNECT_REQUEST.
+  rdma_ucm_event_resp e{};
+  CHECK(b.event(e) == EAGAIN);
+  // Disconnecting a UD id is quietly nothing.
+  CHECK(a.cmd(RDMA_USER_CM_CMD_DISCONNECT, rdma_ucm_disconnect{aid}) == 0);
+  CHECK(a.event(e) == EAGAIN);
+}
+
+TEST_CASE("CM: a SIDR REQ refused, unanswered, or for no listener", "[cm]") {
+  Wire w;
+  Side a(w, kIpA, 1), b(w, kIpB, 2);
+  uint32_t lid = b.create(100, true);
+  rdma_ucm_bind_ip bi{};
+  bi.addr = sin(kIpB, 6000);
+  bi.id = lid;
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
+  uint32_t aid, bid;
+  sidr_request(w, a, b, aid, bid);
+  REQUIRE(bid != UINT32_MAX);
+  rdma_ucm_reject rj{};
+  rj.id = bid;
+  rj.private_data_len = 3;
+  std::memcpy(rj.private_data, "no!", 3);
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_REJECT, rj) == 0);
+  deliver(w, a, b);
+  REQUIRE(a.next_event() == 7);   // UNREACHABLE, status: SIDR "rejected"
+  CHECK(a.last.status == kSidrRejected);
+  CHECK(std::memcmp(a.last.param.ud.private_data, "no!", 3) == 0);
+
+  // Nobody on port 6001: refused when it comes again (status 1).
+  uint32_t aid2, none;
+  sidr_request(w, a, b, aid2, none, 6001);
+  CHECK(none == UINT32_MAX);
+  rdma_ucm_event_resp e{};
+  CHECK(a.event(e) == EAGAIN);
+  w.now += 2'000'000'000;
+  a.cm.tick();   // the resend
+  deliver(w, a, b);
+  REQUIRE(a.next_event() == 7);
+  CHECK(a.last.status == kSidrNoService);
+
+  // Nobody answers at all: resent, then UNREACHABLE, -ETIMEDOUT.
+  uint32_t aid3 = a.create(201, true);
+  rdma_ucm_resolve_ip ri{};
+  ri.dst_addr = sin(kIpB, 6002);
+  ri.id = aid3;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
+  REQUIRE(a.next_event() == 0);
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid3, 100}) == 0);
+  REQUIRE(a.next_event() == 2);
+  rdma_ucm_connect c{};
+  c.id = aid3;
+  c.conn_param.valid = 1;
+  c.conn_param.private_data_len = 181;   // too much for a SIDR REQ
+  CHECK(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == EINVAL);
+  c.conn_param.private_data_len = 0;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  w.out.clear();
+  for (int i = 0; i < 4; i++) {
+    w.now += 2'000'000'000;
+    a.cm.tick();
+  }
+  CHECK(w.out.size() == 3);
+  REQUIRE(a.next_event() == 7);
+  CHECK(static_cast<int32_t>(a.last.status) == -ETIMEDOUT);
+}
+
+TEST_CASE("CM: an accepted connection does not hold its listener's port", "[cm]") {
+  Wire w;
+  Side a(w, kIpA, 1), b(w, kIpB, 2);
+  uint32_t aid, lid, bid;
+  connect(w, a, b, aid, lid, bid);
+  rdma_ucm_destroy_id_resp dr{};
+  REQUIRE(b.cmd(RDMA_USER_CM_CMD_DESTROY_ID,
+                rdma_ucm_destroy_id{reinterpret_cast<uintptr_t>(&dr), lid, 0}, sizeof dr) == 0);
+  // perftest -R: a new listener on the same port while the first connection lives.
+  uint32_t l2 = b.create(102);
+  rdma_ucm_bind_ip bi{};
+  bi.addr = sin(kIpB, 5000);
+  bi.id = l2;
+  CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+  CHECK(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{l2, 8}) == 0);
 }

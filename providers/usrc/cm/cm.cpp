@@ -30,12 +30,22 @@ enum : uint32_t {
   kTimewaitExit,
 };
 constexpr uint16_t kPsTcp = 0x0106;   // RDMA_PS_TCP
+constexpr uint16_t kPsUdp = 0x0111;   // RDMA_PS_UDP
+constexpr uint32_t kUdpQkey = 0x01234567;   // RDMA_UDP_QKEY: the Q_Key of RDMA_PS_UDP
 // Our REQ's CM timers: 4.096 us << 18 (about 1 s) per try, 3 retries
 // (IBA 12.6.5: Remote/Local CM Response Timeout, Max CM Retries).
 constexpr uint8_t kCmTimeout = 18, kCmRetries = 3;
 constexpr uint8_t kLocalAckTimeout = 14;   // the QP's (RTS): 4.096 us << 14, 67 ms
-constexpr uint8_t kMinRnrTimer = 12;       // 0.64 ms (IBA table 45)
+// The RNR NAK timer the responder asks for: code 0, 655.36 ms (IBA table 45),
+// as the kernel's cm_init_qp_rtr_attr gives; a peer with few RNR retries
+// then waits seconds for a receive, not milliseconds.
+constexpr uint8_t kMinRnrTimer = 0;
+// How long a disconnected connection stays in timewait (IBA 12.9.7.4):
+// 4.096 us << 17, about half a second, of the order of the kernel's (which
+// waits a time derived from its path's packet lifetime); then TIMEWAIT_EXIT.
+constexpr uint8_t kTimewait = 17;
 constexpr uint8_t kMaxPrivate = 56;        // a REQ's 92 bytes less the IP CM header
+constexpr uint8_t kMaxSidrPrivate = 180;   // a SIDR REQ's 216 bytes less the IP CM header
 
 uint64_t timeout_ns(uint8_t code) { return 4096ull << std::min<uint8_t>(code, 31); }
 
@@ -80,7 +90,9 @@ enum class St {
   idle, bound, addr_resolved, route_resolved, listen,
   req_sent, rep_rcvd,            // active: REQ out; REP in, CONNECT_RESPONSE given
   req_rcvd, rep_sent,            // passive: CONNECT_REQUEST given; REP out
-  established, dreq_sent, dreq_rcvd, closed,
+  established, dreq_sent, dreq_rcvd,
+  timewait,                      // disconnected; TIMEWAIT_EXIT when it ends
+  closed,
 };
 
 struct Id {
@@ -88,6 +100,10 @@ struct Id {
   uint64_t uid = 0;
   File *file = nullptr;
   St st = St::idle;
+  uint16_t ps = kPsTcp;
+  bool ud = false;                  // RDMA_PS_UDP: SIDR, no connection (IBA 12.11)
+  bool child = false;               // made by a REQ: it shares its listener's port
+  uint32_t qkey = 0;                // UD: the Q_Key in use
   uint32_t events_reported = 0;
   uint32_t src_ip = 0, dst_ip = 0;
   uint16_t src_port = 0, dst_port = 0;
@@ -153,7 +169,14 @@ Id *Cm::new_id(File *f, uint64_t uid) {
 // (a DREQ for a connection, a REJ for a request not yet answered, a DREP
 // for a DREQ not yet answered), drops its queued events and forgets it.
 void Cm::destroy(Id *id, bool goodbye) {
-  if (goodbye && id->dev) {
+  if (goodbye && id->dev && id->ud) {
+    // A SIDR REQ not answered yet is refused (the kernel's ib_destroy_cm_id).
+    if (id->st == St::req_rcvd) {
+      Msg m = base_msg(id, Attr::sidr_rep);
+      m.sidr_status = kSidrRejected;
+      send(id, m, false);
+    }
+  } else if (goodbye && id->dev) {
     switch (id->st) {
       case St::established: case St::rep_sent: case St::rep_rcvd:
         send(id, base_msg(id, Attr::dreq), false);
@@ -173,8 +196,8 @@ void Cm::destroy(Id *id, bool goodbye) {
     }
   }
   if (id->st == St::listen) {
-    listeners_.erase(id->src_port);
-    net_.release_service(kServiceIdTcp | id->src_port);
+    listeners_.erase(service_id(id->ps, id->src_port));
+    net_.release_service(service_id(id->ps, id->src_port));
     // Requests it never reported die with it (and are refused); those
     // reported are the application's.
     std::vector<uint32_t> orphans;
@@ -218,8 +241,26 @@ void Cm::queue(Id *id, uint32_t event, int32_t status, const uint8_t *priv, size
   e.id = handle == UINT32_MAX ? id->handle : handle;
   e.event = event;
   e.status = static_cast<uint32_t>(status);
-  fill_conn(id, e.param.conn, priv, priv_len);
+  if (id->ud) {
+    priv_len = std::min<size_t>(priv_len, sizeof e.param.ud.private_data);
+    if (priv_len) std::memcpy(e.param.ud.private_data, priv, priv_len);
+    e.param.ud.private_data_len = static_cast<uint8_t>(priv_len);
+  } else {
+    fill_conn(id, e.param.conn, priv, priv_len);
+  }
   push(id->file, e);
+}
+
+// The address vector usrc needs to reach the peer: a GRH with its
+// IPv4-mapped GID on either link layer, and its LID on InfiniBand.
+void Cm::peer_ah(Id *id, ib_uverbs_ah_attr &ah) {
+  ah = {};
+  mapped_gid(id->dst_ip, ah.grh.dgid);
+  ah.grh.sgid_index = id->dev->sgid_index;
+  ah.grh.hop_limit = 64;
+  ah.is_global = 1;
+  ah.port_num = 1;
+  if (id->dev->link_layer == LinkLayer::ib) ah.dlid = lid_for(id->dst_ip);
 }
 
 // The devices are kept for the Cm's life (ids point at them); a device
@@ -242,11 +283,14 @@ int Cm::bind(Id *id, uint32_t ip, uint16_t port) {
   const Device *d = nullptr;
   if (ip != 0) {
     d = device_for_ip(ip);
-    if (!d) return EADDRNOTAVAIL;
+    // A loopback address no device has binds to no device yet, as a
+    // wildcard does (the kernel binds it to its first device instead).
+    // libfabric's verbs provider binds "localhost" to find its devices.
+    if (!d && (ip >> 24) != 127) return EADDRNOTAVAIL;
   }
   auto used = [&](uint16_t p) {
     for (auto &[h, o] : ids_) {
-      if (o.get() != id && o->src_port == p && o->st != St::idle &&
+      if (o.get() != id && o->src_port == p && o->st != St::idle && !o->child && o->ps == id->ps &&
           (o->src_ip == 0 || ip == 0 || o->src_ip == ip))
         return true;
     }
@@ -336,11 +380,14 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       rdma_ucm_create_id c;
       std::memcpy(&c, in, sizeof c);
       if (h.out < sizeof(rdma_ucm_create_id_resp)) return -ENOSPC;
-      // Phase 1: RC over RDMA_PS_TCP. UD port spaces (UDP, IPoIB) and
-      // AF_IB's RDMA_PS_IB are for later: refused, not faked.
-      if (c.ps != kPsTcp || c.qp_type != IBV_QPT_RC) return -EOPNOTSUPP;
+      // RC over RDMA_PS_TCP, UD over RDMA_PS_UDP. RDMA_PS_IPOIB (its Q_Key
+      // comes from the SA) and AF_IB's RDMA_PS_IB: refused, not faked.
+      const bool ud = c.ps == kPsUdp && c.qp_type == IBV_QPT_UD;
+      if (!ud && (c.ps != kPsTcp || c.qp_type != IBV_QPT_RC)) return -EOPNOTSUPP;
       Id *id = new_id(f, c.uid);
       if (!id) return -ENOMEM;
+      id->ps = c.ps;
+      id->ud = ud;
       rdma_ucm_create_id_resp r{id->handle};
       if (!put_resp(c.response, r, h.out)) {
         ids_.erase(id->handle);
@@ -508,11 +555,23 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       Id *id = find(c.id, f);
       if (!id) return -ENOENT;
       if (id->st != St::route_resolved || !id->dev) return -EINVAL;
-      if (c.conn_param.private_data_len > kMaxPrivate) return -EINVAL;
+      if (c.conn_param.private_data_len > (id->ud ? kMaxSidrPrivate : kMaxPrivate)) return -EINVAL;
       static thread_local std::minstd_rand rng(std::random_device{}());
-      id->local_comm = net_.slot() << kCommSlotShift | ((++next_comm_) & ((1u << kCommSlotShift) - 1));
-      if ((id->local_comm & ((1u << kCommSlotShift) - 1)) == 0) id->local_comm = net_.slot() << kCommSlotShift | ++next_comm_;
+      id->local_comm = new_comm();
       by_comm_[id->local_comm] = id;
+      if (id->ud) {   // IBA 12.11: a SIDR REQ asks the service for its QPN and Q_Key
+        id->tid = ++next_tid_ << 32 | id->local_comm;
+        Msg m = base_msg(id, Attr::sidr_req);
+        m.service_id = service_id(id->ps, id->dst_port);
+        put_ip_hdr({id->dev->ipv4, id->dst_ip, id->src_port}, m.priv);
+        std::memcpy(m.priv + kIpHdrLen, c.conn_param.private_data, c.conn_param.private_data_len);
+        m.priv_len = static_cast<uint8_t>(kIpHdrLen + c.conn_param.private_data_len);
+        id->st = St::req_sent;
+        id->retries_left = kCmRetries;
+        send(id, m, true);
+        arm(id, kCmTimeout);
+        return 0;
+      }
       id->local_qpn = c.conn_param.qp_num & 0xffffff;
       id->sq_psn = rng() & 0xffffff;
       id->responder_resources = c.conn_param.responder_resources;
@@ -562,9 +621,10 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
         if (int e = bind(id, 0, 0)) return -e;
       }
       if (id->st != St::bound) return -EINVAL;
-      if (listeners_.count(id->src_port)) return -EADDRINUSE;
-      if (int e = net_.claim_service(kServiceIdTcp | id->src_port)) return -e;
-      listeners_[id->src_port] = id;
+      const uint64_t sid = service_id(id->ps, id->src_port);
+      if (listeners_.count(sid)) return -EADDRINUSE;
+      if (int e = net_.claim_service(sid)) return -e;
+      listeners_[sid] = id;
       id->st = St::listen;
       return 0;
     }
@@ -582,6 +642,23 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       }
       if (id->st != St::req_rcvd) return -EINVAL;
       if (!c.conn_param.valid) return -EINVAL;
+      if (id->ud) {   // the SIDR REP: our QPN and Q_Key
+        if (c.conn_param.private_data_len > kSidrRepPrivate) return -EINVAL;
+        id->uid = c.uid;
+        id->listener = UINT32_MAX;
+        id->local_qpn = c.conn_param.qp_num & 0xffffff;
+        id->qkey = kUdpQkey;
+        Msg m = base_msg(id, Attr::sidr_rep);
+        m.sidr_status = kSidrValid;
+        m.qpn = id->local_qpn;
+        m.qkey = id->qkey;
+        m.service_id = service_id(id->ps, id->src_port);
+        std::memcpy(m.priv, c.conn_param.private_data, c.conn_param.private_data_len);
+        m.priv_len = c.conn_param.private_data_len;
+        id->st = St::established;
+        send(id, m, true);   // kept: a repeated SIDR REQ gets it again
+        return 0;
+      }
       if (c.conn_param.private_data_len > kRepPrivate) return -EINVAL;
       id->uid = c.uid;
       id->listener = UINT32_MAX;
@@ -612,7 +689,18 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       Id *id = find(c->id, f);
       if (!id) return -ENOENT;
       if (id->st != St::req_rcvd && id->st != St::rep_rcvd) return -EINVAL;
-      if (c->private_data_len > kRejPrivate) return -EINVAL;
+      if (c->private_data_len > (id->ud ? kSidrRepPrivate : kRejPrivate)) return -EINVAL;
+      if (id->ud) {
+        if (id->st != St::req_rcvd) return -EINVAL;
+        Msg m = base_msg(id, Attr::sidr_rep);
+        m.sidr_status = kSidrRejected;
+        m.service_id = service_id(id->ps, id->src_port);
+        std::memcpy(m.priv, c->private_data, c->private_data_len);
+        m.priv_len = c->private_data_len;
+        id->st = St::closed;
+        send(id, m, true);
+        return 0;
+      }
       Msg m = base_msg(id, Attr::rej);
       m.rejected = id->st == St::req_rcvd ? 0 : 1;
       m.reason = c->reason ? uint16_t{c->reason} : uint16_t{kRejConsumer};
@@ -627,6 +715,7 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       auto *c = reinterpret_cast<const rdma_ucm_disconnect *>(in);
       Id *id = find(c->id, f);
       if (!id) return -ENOENT;
+      if (id->ud) return 0;   // no connection to end (the kernel's DREQ fails quietly)
       switch (id->st) {
         case St::established: case St::rep_sent: case St::rep_rcvd: {
           id->st = St::dreq_sent;
@@ -637,9 +726,9 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
         }
         case St::dreq_rcvd:
           send(id, base_msg(id, Attr::drep), false);
-          id->st = St::closed;
+          timewait(id);
           return 0;
-        case St::dreq_sent: case St::closed:
+        case St::dreq_sent: case St::timewait: case St::closed:
           return 0;
         default:
           return -EINVAL;
@@ -747,6 +836,26 @@ int Cm::init_qp_attr(Id *id, uint32_t state, void *out, size_t) {
   r.qp_state = state;
   const bool connected = id->st == St::req_sent || id->st == St::rep_rcvd || id->st == St::req_rcvd ||
                          id->st == St::rep_sent || id->st == St::established;
+  if (id->ud) {
+    // The kernel's cma_ib_init_qp_attr: INIT gets the port, P_Key index and
+    // the port space's Q_Key; RTR and RTS nothing beyond the state.
+    if (!id->dev) return EINVAL;
+    switch (state) {
+      case IBV_QPS_INIT:
+        r.qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        r.port_num = 1;
+        r.qkey = id->qkey ? id->qkey : kUdpQkey;
+        return 0;
+      case IBV_QPS_RTR:
+        r.qp_attr_mask = IBV_QP_STATE;
+        return 0;
+      case IBV_QPS_RTS:
+        r.qp_attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        return 0;
+      default:
+        return EINVAL;
+    }
+  }
   switch (state) {
     case IBV_QPS_INIT:
       r.qp_attr_mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
@@ -767,15 +876,7 @@ int Cm::init_qp_attr(Id *id, uint32_t state, void *out, size_t) {
       r.rq_psn = id->rq_psn;
       r.max_dest_rd_atomic = id->responder_resources;
       r.min_rnr_timer = kMinRnrTimer;
-      // The address vector usrc needs to reach the peer: a GRH with its
-      // IPv4-mapped GID on either link layer, and its LID on InfiniBand.
-      auto &ah = r.ah_attr;
-      mapped_gid(id->dst_ip, ah.grh.dgid);
-      ah.grh.sgid_index = id->dev->sgid_index;
-      ah.grh.hop_limit = 64;
-      ah.is_global = 1;
-      ah.port_num = 1;
-      if (id->dev->link_layer == LinkLayer::ib) ah.dlid = lid_for(id->dst_ip);
+      peer_ah(id, r.ah_attr);
       return 0;
     }
     case IBV_QPS_RTS:
@@ -801,10 +902,14 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
   Msg m;
   if (decode(mad, len, m) != MadError::ok) return drop(dev);
   if (m.attr == Attr::req) return on_req(dev, src_ip, m);
+  if (m.attr == Attr::sidr_req) return on_sidr_req(dev, src_ip, m);
   auto it = by_comm_.find(m.remote_comm);
   Id *id = it == by_comm_.end() ? nullptr : it->second;
   if (id && id->dst_ip != src_ip) id = nullptr;   // not from its peer
-  if (id && m.attr != Attr::rep && m.attr != Attr::rej && id->remote_comm != m.local_comm) id = nullptr;
+  if (id && m.attr != Attr::rep && m.attr != Attr::rej && m.attr != Attr::sidr_rep &&
+      id->remote_comm != m.local_comm)
+    id = nullptr;
+  if (id && id->ud != (m.attr == Attr::sidr_rep)) id = nullptr;
   if (!id) {
     // IBA 12.9.8.4: a DREQ for no connection is still answered.
     if (m.attr == Attr::dreq) {
@@ -818,6 +923,7 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
     return drop(dev);
   }
   switch (m.attr) {
+    case Attr::sidr_rep: return on_sidr_rep(id, m);
     case Attr::rep: return on_rep(id, m);
     case Attr::rej: return on_rej(id, m);
     case Attr::mra:
@@ -841,11 +947,10 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
           return;
         case St::dreq_sent:   // both ends at once: answer, and it is over
           send(id, base_msg(id, Attr::drep), false);
-          id->st = St::closed;
-          id->deadline = UINT64_MAX;
+          timewait(id);
           queue(id, kDisconnected, 0, m.priv, m.priv_len);
           return;
-        case St::closed:      // our DREP was lost
+        case St::timewait: case St::closed:   // our DREP was lost
           send(id, base_msg(id, Attr::drep), false);
           return;
         default:
@@ -853,8 +958,7 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
       }
     case Attr::drep:
       if (id->st != St::dreq_sent) return;   // a duplicate
-      id->st = St::closed;
-      id->deadline = UINT64_MAX;
+      timewait(id);
       queue(id, kDisconnected, 0, m.priv, m.priv_len);
       return;
     default:
@@ -891,9 +995,9 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     drop(dev);
     return reject(kRejInvalidServiceId);
   }
-  const uint16_t port = static_cast<uint16_t>(m.service_id & 0xffff);
-  auto lit = listeners_.find(port);
+  auto lit = listeners_.find(m.service_id);
   if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
+    if (first_unheard(src_ip, m.local_comm)) return;
     return reject(kRejInvalidServiceId);
   }
   Id *l = lit->second;
@@ -904,10 +1008,11 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   id->dev = d;
   id->listener = l->handle;
   id->src_ip = dev.ipv4;
-  id->src_port = port;
+  id->src_port = l->src_port;
   id->dst_ip = src_ip;
   id->dst_port = ip.src_port;
-  id->local_comm = net_.slot() << kCommSlotShift | ((++next_comm_) & ((1u << kCommSlotShift) - 1));
+  id->child = true;
+  id->local_comm = new_comm();
   id->remote_comm = m.local_comm;
   id->remote_qpn = m.qpn;
   id->rq_psn = m.psn;
@@ -927,6 +1032,116 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   by_comm_[id->local_comm] = id;
   by_remote_[{src_ip, m.local_comm}] = id;
   queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kReqPrivate - kIpHdrLen, l->uid);
+}
+
+// A request for a service nobody listens on is refused when it comes again
+// (its first resend, about a second later), not at once: a server that
+// makes a new listener right after telling its client to connect (perftest
+// -R does, between two handshakes) is then not refused by the race.
+bool Cm::first_unheard(uint32_t src_ip, uint32_t comm) {
+  const uint64_t now = net_.now_ns();
+  constexpr uint64_t kForget = 30'000'000'000ull;
+  for (auto it = unheard_.begin(); it != unheard_.end();)
+    it = now - it->second > kForget ? unheard_.erase(it) : std::next(it);
+  if (unheard_.size() > 4096) unheard_.clear();   // a flood: refuse at once
+  return unheard_.emplace(std::make_pair(src_ip, comm), now).second;
+}
+
+// A connection's end (DREP sent or received, or the DREQ unanswered):
+// stray MADs of it are still answered until the timewait is over.
+void Cm::timewait(Id *id) {
+  id->st = St::timewait;
+  id->retries_left = 0;
+  id->deadline = net_.now_ns() + timeout_ns(kTimewait);
+  net_.timers_changed();
+}
+
+uint32_t Cm::new_comm() {
+  const uint32_t mask = (1u << kCommSlotShift) - 1;
+  uint32_t n = ++next_comm_ & mask;
+  if (n == 0) n = ++next_comm_ & mask;   // 0 names no connection
+  return net_.slot() << kCommSlotShift | n;
+}
+
+// IBA 12.11.1: a SIDR REQ for a UD service. The listener learns of it as
+// a connection request (no QPN, no address vector: the kernel gives
+// none); rdma_accept answers with a SIDR REP.
+void Cm::on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m) {
+  if (auto it = by_remote_.find({src_ip, m.local_comm}); it != by_remote_.end()) {
+    Id *id = it->second;   // a repeat: answer again once answered
+    if (id->ud && id->has_last && id->st != St::req_rcvd) {
+      net_.send(dev, src_ip, id->last);
+      net_.count(dev, Counter::cm_sent);
+    }
+    return;
+  }
+  auto answer = [&](uint8_t status) {
+    Msg r;
+    r.attr = Attr::sidr_rep;
+    r.tid = m.tid;
+    r.remote_comm = m.local_comm;
+    r.sidr_status = status;
+    r.service_id = m.service_id;
+    send_to(dev, src_ip, r);
+  };
+  IpHdr ip;
+  if ((m.service_id & ~0xffffull) != service_id(kPsUdp, 0) || !get_ip_hdr(m.priv, ip)) {
+    drop(dev);
+    return answer(kSidrNoService);
+  }
+  auto lit = listeners_.find(m.service_id);
+  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
+    if (first_unheard(src_ip, m.local_comm)) return;
+    return answer(kSidrNoService);
+  }
+  Id *l = lit->second;
+  const Device *d = device_for_ip(dev.ipv4);
+  if (!d) return answer(kSidrNoService);
+  Id *id = new_id(l->file, 0);
+  if (!id) return answer(kSidrNoQp);
+  id->ps = l->ps;
+  id->ud = true;
+  id->child = true;
+  id->dev = d;
+  id->listener = l->handle;
+  id->src_ip = dev.ipv4;
+  id->src_port = l->src_port;
+  id->dst_ip = src_ip;
+  id->dst_port = ip.src_port;
+  id->remote_comm = m.local_comm;
+  id->tid = m.tid;
+  id->mtu = d->mtu;
+  id->st = St::req_rcvd;
+  by_remote_[{src_ip, m.local_comm}] = id;
+  queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kSidrReqPrivate - kIpHdrLen, l->uid);
+}
+
+// IBA 12.11.2: the answer. Valid: ESTABLISHED with the service's QPN, Q_Key
+// and an address vector to it; otherwise UNREACHABLE with the status (the
+// kernel's cma_sidr_rep_handler).
+void Cm::on_sidr_rep(Id *id, const Msg &m) {
+  if (id->st != St::req_sent) return;   // a repeat
+  id->deadline = UINT64_MAX;
+  if (m.sidr_status != kSidrValid) {
+    id->st = St::closed;
+    queue(id, kUnreachable, m.sidr_status, m.priv, kSidrRepPrivate);
+    return;
+  }
+  id->st = St::established;
+  id->remote_qpn = m.qpn;
+  id->qkey = m.qkey;
+  rdma_ucm_event_resp e{};
+  e.uid = id->uid;
+  e.id = id->handle;
+  e.event = kEstablished;
+  auto &u = e.param.ud;
+  u.qp_num = m.qpn;
+  u.qkey = m.qkey;
+  peer_ah(id, u.ah_attr);
+  const size_t n = std::min<size_t>(kSidrRepPrivate, sizeof u.private_data);
+  std::memcpy(u.private_data, m.priv, n);
+  u.private_data_len = static_cast<uint8_t>(n);
+  push(id->file, e);
 }
 
 void Cm::on_rep(Id *id, const Msg &m) {
@@ -978,8 +1193,12 @@ void Cm::tick() {
         queue(id, kUnreachable, -ETIMEDOUT);
         break;
       case St::dreq_sent:
-        id->st = St::closed;
+        timewait(id);
         queue(id, kDisconnected, 0);
+        break;
+      case St::timewait:   // the kernel reports its end (RDMA_CM_EVENT_TIMEWAIT_EXIT)
+        id->st = St::closed;
+        queue(id, kTimewaitExit, 0);
         break;
       default:
         break;

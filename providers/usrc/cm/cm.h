@@ -103,6 +103,12 @@ class Cm {
   void on_req(const Device &dev, uint32_t src_ip, const Msg &m);
   void on_rep(Id *id, const Msg &m);
   void on_rej(Id *id, const Msg &m);
+  void on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m);
+  void on_sidr_rep(Id *id, const Msg &m);
+  uint32_t new_comm();
+  void timewait(Id *id);
+  bool first_unheard(uint32_t src_ip, uint32_t comm);
+  void peer_ah(Id *id, ib_uverbs_ah_attr &ah);
 
   int init_qp_attr(Id *id, uint32_t state, void *resp, size_t out);
 
@@ -111,7 +117,8 @@ class Cm {
   std::map<uint32_t, std::unique_ptr<Id>> ids_;     // by handle
   std::map<uint32_t, Id *> by_comm_;                // by local comm ID
   std::map<std::pair<uint32_t, uint32_t>, Id *> by_remote_;   // (peer ip, peer comm ID)
-  std::map<uint16_t, Id *> listeners_;              // by port
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> unheard_;   // (peer ip, comm ID): first seen
+  std::map<uint64_t, Id *> listeners_;              // by service ID (port space, port)
   uint32_t next_handle_ = 0;
   uint32_t next_comm_ = 0;
   uint64_t next_tid_ = 0;

@@ -28,10 +28,13 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "usrc/common/guard.h"
+#include "usrc/net/trace.h"
 #include "usrc/wire/hdr.h"
 #include "usrc/wire/icrc.h"
 
@@ -189,6 +192,8 @@ class HostNet final : public Net {
       crc = wire::icrc_ipv4(ip, &v, 1);
     }
     wire::store_icrc(pkt + kFrameLen - 4, crc);
+    net::trace_datagram({from.ipv4, s.port}, {dst_ip, from.base_port}, pkt, sizeof pkt);
+    if (dst_ip == from.ipv4 && hand_local(from, s.port, pkt, sizeof pkt)) return;
     sockaddr_in to{};
     to.sin_family = AF_INET;
     to.sin_addr.s_addr = htonl(dst_ip);
@@ -267,7 +272,11 @@ class HostNet final : public Net {
             std::memcpy(&h, buf, sizeof h);
             if (h.magic != kFwdMagic) continue;
             const Device *d = device(h.dev_ipv4, h.base_port);
-            if (d) deliver(*d, h.src_ip, buf + sizeof h, static_cast<size_t>(n) - sizeof h);
+            if (d) {
+              net::trace_datagram({h.src_ip, h.src_port}, {d->ipv4, d->base_port}, buf + sizeof h,
+                                  static_cast<size_t>(n) - sizeof h);
+              deliver(*d, h.src_ip, buf + sizeof h, static_cast<size_t>(n) - sizeof h);
+            }
           }
         }
         for (size_t k = 2; k < fds.size(); k++) {
@@ -281,10 +290,34 @@ class HostNet final : public Net {
             if (n < 0) break;
             demux(g.dev, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), buf,
                   static_cast<size_t>(n));
+
           }
         }
       }
       cm_->tick();
+    }
+  }
+
+  // At exit: the MADs already in this process's GSI sockets are handed on,
+  // not lost with it. A MAD this process has just sent to a peer on this
+  // host (a REJ, a DREP) is there when sendto() returns, if this process
+  // owns the GSI; the peer would otherwise wait for a resend of its own.
+  void drain() {
+    std::vector<Gsi> g;
+    {
+      std::lock_guard l(gsi_mu_);
+      g = gsis_;
+    }
+    uint8_t buf[sizeof(FwdHdr) + 2048];
+    for (const Gsi &x : g) {
+      for (int i = 0; i < 256; i++) {
+        sockaddr_in from{};
+        socklen_t fl = sizeof from;
+        ssize_t n = recvfrom(x.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), MSG_DONTWAIT,
+                             reinterpret_cast<sockaddr *>(&from), &fl);
+        if (n < 0) break;
+        demux(x.dev, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), buf, static_cast<size_t>(n));
+      }
     }
   }
 
@@ -315,6 +348,7 @@ class HostNet final : public Net {
   }
 
   const Device *device(uint32_t ipv4, uint16_t base) {
+    std::lock_guard l(gsi_mu_);
     for (auto &g : gsis_) if (g.dev.ipv4 == ipv4 && g.dev.base_port == base) return &g.dev;
     for (auto &d : known_) if (d.ipv4 == ipv4 && d.base_port == base) return &d;
     return nullptr;
@@ -337,6 +371,7 @@ class HostNet final : public Net {
         ::close(fd);
         continue;
       }
+      std::lock_guard l(gsi_mu_);
       gsis_.push_back({d, fd});
     }
   }
@@ -351,14 +386,9 @@ class HostNet final : public Net {
       count(dev, Counter::cm_dropped);
       return;
     }
-    uint32_t slot = 0;
-    if (wire::be::get16(mad + 16) == static_cast<uint16_t>(Attr::req)) {
-      char b[64];
-      ssize_t l = readlink(service_path(wire::be::get64(mad + kMadHdrLen + 8)).c_str(), b, sizeof b - 1);
-      if (l > 1 && b[0] == 'p') slot = static_cast<uint32_t>(std::strtoul(std::string(b + 1, l - 1).c_str(), nullptr, 10));
-    } else {
-      slot = slot_of_comm(wire::be::get32(mad + kMadHdrLen + 4));
-    }
+    const uint16_t attr = wire::be::get16(mad + 16);
+    const bool req = attr == static_cast<uint16_t>(Attr::req) || attr == static_cast<uint16_t>(Attr::sidr_req);
+    const uint32_t slot = slot_for(mad);
     if (slot && slot != slot_) {
       FwdHdr h{kFwdMagic, dev.ipv4, src_ip, dev.base_port, src_port};
       std::memcpy(buf, &h, sizeof h);
@@ -368,13 +398,47 @@ class HostNet final : public Net {
         return;
       }
       // Its process is gone: a REQ is refused here (no listener), the rest dropped.
-      if (wire::be::get16(mad + 16) != static_cast<uint16_t>(Attr::req)) {
+      if (!req) {
         count(dev, Counter::cm_rcvd);
         count(dev, Counter::cm_dropped);
         return;
       }
     }
+    net::trace_datagram({src_ip, src_port}, {dev.ipv4, dev.base_port}, pkt, n);
     cm_->on_mad(dev, src_ip, mad, kMadLen);
+  }
+
+  // The process a MAD is for: a REQ's or SIDR REQ's by its service ID
+  // (both carry it at the same place), a SIDR REP's by the request ID it
+  // answers, any other's by the comm ID it names. 0: none.
+  uint32_t slot_for(const uint8_t *mad) {
+    const uint16_t attr = wire::be::get16(mad + 16);
+    if (attr == static_cast<uint16_t>(Attr::req) || attr == static_cast<uint16_t>(Attr::sidr_req)) {
+      char b[64];
+      ssize_t l = readlink(service_path(wire::be::get64(mad + kMadHdrLen + 8)).c_str(), b, sizeof b - 1);
+      if (l > 1 && b[0] == 'p') return static_cast<uint32_t>(std::strtoul(std::string(b + 1, l - 1).c_str(), nullptr, 10));
+      return 0;
+    }
+    if (attr == static_cast<uint16_t>(Attr::sidr_rep)) return slot_of_comm(wire::be::get32(mad + kMadHdrLen));
+    return slot_of_comm(wire::be::get32(mad + kMadHdrLen + 4));
+  }
+
+  // A MAD to the device it leaves from (both ends on one device: lo) goes
+  // straight to its process's socket, as the GSI owner would hand it on:
+  // it does not depend on the owner being alive when it arrives (a process
+  // that sends a REJ and exits may be the owner). false: not handed.
+  bool hand_local(const Device &from, uint16_t src_port, const uint8_t *pkt, size_t n) {
+    const uint32_t slot = slot_for(pkt + 20);
+    if (!slot) return false;
+    FwdHdr h{kFwdMagic, from.ipv4, from.ipv4, from.base_port, src_port};
+    iovec v[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(pkt), n}};
+    sockaddr_un a = unix_addr(dir_ + "/p" + std::to_string(slot));
+    msghdr m{};
+    m.msg_name = &a;
+    m.msg_namelen = sizeof a;
+    m.msg_iov = v;
+    m.msg_iovlen = 2;
+    return sendmsg(sock_, &m, MSG_DONTWAIT) >= 0;
   }
 
   // From the owner, already checked.
@@ -400,7 +464,8 @@ class HostNet final : public Net {
   uint64_t psn_ = 0;
   Cm *cm_ = nullptr;
   std::map<uint32_t, Sender> senders_;
-  std::vector<Gsi> gsis_;
+  std::vector<Gsi> gsis_;    // changed by the CM thread only, under gsi_mu_
+  std::mutex gsi_mu_;
   std::vector<Device> known_;
   std::mutex counters_mu_;   // the thread counts outside the Cm's lock
   std::map<std::string, std::unique_ptr<OwnCounters>> counters_;
@@ -424,6 +489,8 @@ Cm *process_cm(int *err) {
   cm = new Cm(*net);   // both live as long as the process
   net->set_cm(cm);
   std::thread([net] { net->run(); }).detach();
+  static HostNet *exiting = net;
+  std::atexit([] { exiting->drain(); });
   return cm;
 }
 

@@ -32,6 +32,8 @@ size_t private_offset(Attr a) {
     case Attr::rtu: return 8;
     case Attr::dreq: return 12;
     case Attr::drep: return 8;
+    case Attr::sidr_req: return 16;
+    case Attr::sidr_rep: return 96;
     default: return 0;
   }
 }
@@ -47,6 +49,8 @@ size_t private_capacity(Attr a) {
     case Attr::rtu: return kRtuPrivate;
     case Attr::dreq: return kDreqPrivate;
     case Attr::drep: return kDrepPrivate;
+    case Attr::sidr_req: return kSidrReqPrivate;
+    case Attr::sidr_rep: return kSidrRepPrivate;
     default: return 0;
   }
 }
@@ -143,6 +147,17 @@ void encode(const Msg &m, uint8_t out[kMadLen]) {
     case Attr::drep:
       be::put32(d + 4, m.remote_comm);
       break;
+    case Attr::sidr_req:   // Request ID, P_Key, ServiceID (table 112)
+      be::put16(d + 4, m.pkey);
+      be::put64(d + 8, m.service_id);
+      break;
+    case Attr::sidr_rep:   // Request ID, Status, QPN, ServiceID, Q_Key (table 113)
+      be::put32(d, m.remote_comm);
+      d[4] = m.sidr_status;
+      put24(d + 8, m.qpn);
+      be::put64(d + 12, m.service_id);
+      be::put32(d + 20, m.qkey);
+      break;
     default:
       break;
   }
@@ -211,6 +226,18 @@ MadError decode(const uint8_t *mad, size_t len, Msg &m) {
     case Attr::dreq:
       m.remote_comm = be::get32(d + 4);
       m.qpn = get24(d + 8);
+      break;
+    case Attr::sidr_req:
+      m.pkey = be::get16(d + 4);
+      m.service_id = be::get64(d + 8);
+      break;
+    case Attr::sidr_rep:
+      m.local_comm = 0;
+      m.remote_comm = be::get32(d);
+      m.sidr_status = d[4];
+      m.qpn = get24(d + 8);
+      m.service_id = be::get64(d + 12);
+      m.qkey = be::get32(d + 20);
       break;
     default:   // RTU, DREP
       m.remote_comm = be::get32(d + 4);

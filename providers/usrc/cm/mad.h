@@ -39,7 +39,12 @@ enum class Attr : uint16_t {
 // Private data lengths (IBA 12.6.5 - 12.6.11).
 constexpr size_t kReqPrivate = 92, kRepPrivate = 196, kRejPrivate = 148,
                  kRtuPrivate = 224, kDreqPrivate = 220, kDrepPrivate = 224,
-                 kMraPrivate = 222;
+                 kMraPrivate = 222, kSidrReqPrivate = 216, kSidrRepPrivate = 136;
+
+// SIDR REP status (IBA 12.6.10, table 113).
+enum SidrStatus : uint8_t {
+  kSidrValid = 0, kSidrNoService = 1, kSidrRejected = 2, kSidrNoQp = 3,
+};
 
 // REJ reasons used here (IBA 12.6.7.2, table 109).
 enum RejReason : uint16_t {
@@ -71,6 +76,10 @@ struct Msg {
   uint16_t reason = 0;
   // MRA
   uint8_t service_timeout = 0;
+  // SIDR REQ (local_comm: its Request ID) and SIDR REP (remote_comm: the
+  // Request ID it answers; service_id, qpn; IBA 12.11)
+  uint32_t qkey = 0;
+  uint8_t sidr_status = 0;
   uint8_t priv[kRtuPrivate] = {};
   uint8_t priv_len = 0;          // what is carried; decode gives the attribute's full length
 };
@@ -95,6 +104,8 @@ const uint8_t *unframe(const uint8_t *buf, size_t len);
 // private data: version, IP version, the source port and both addresses.
 constexpr size_t kIpHdrLen = 36;
 constexpr uint64_t kServiceIdTcp = 0x0000000001060000ull;   // + port (A11.2.1, RDMA_PS_TCP)
+// The RDMA IP CM service ID of a port space (RDMA_PS_TCP 0x0106, RDMA_PS_UDP 0x0111) and port.
+constexpr uint64_t service_id(uint16_t ps, uint16_t port) { return uint64_t{ps} << 16 | port; }
 struct IpHdr {
   uint32_t src_ip = 0, dst_ip = 0;   // host byte order
   uint16_t src_port = 0;

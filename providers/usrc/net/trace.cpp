@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <ctime>
+#include <map>
+#include <mutex>
 
 #include "usrc/net/ipv4.h"
 #include "usrc/wire/hdr.h"
@@ -28,23 +31,14 @@ struct RecordHeader {
   uint32_t sec, nsec, caplen, len;
 };
 
-}  // namespace
-
-std::string trace_path(const std::string &pattern) {
-  std::string out;
-  for (size_t i = 0; i < pattern.size(); i++) {
-    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
-      out += std::to_string(getpid());
-      i++;
-    } else {
-      out += pattern[i];
-    }
-  }
-  return out;
-}
-
-std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::string &path,
-                                    std::string *err) {
+// One pcap file per path and process: the devices' NICs and the CM's
+// datagrams (trace_datagram) share it. Never closed (flushed as written):
+// it lives as long as the process.
+FILE *open_shared(const std::string &path, std::string *err) {
+  static std::mutex mu;
+  static auto *files = new std::map<std::string, FILE *>;
+  std::lock_guard g(mu);
+  if (auto it = files->find(path); it != files->end()) return it->second;
   FILE *f = fopen(path.c_str(), "wbe");
   if (!f) {
     *err = path + ": " + strerror(errno);
@@ -53,40 +47,15 @@ std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::stri
   PcapHeader h;
   fwrite(&h, sizeof h, 1, f);
   fflush(f);
-  return std::unique_ptr<Nic>(new TraceNic(std::move(inner), f));
-}
-
-TraceNic::TraceNic(std::unique_ptr<Nic> inner, FILE *f) : NicDecorator(std::move(inner)), f_(f) {
-  if (LocalPeers *lp = inner_->local_peers()) peers_.emplace(*lp, *this);
-}
-
-TraceNic::~TraceNic() { fclose(f_); }
-
-// Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
-// (gso_size bytes each, the last may be shorter).
-template <class F>
-static void for_each_segment(const TxPacket &p, F &&f) {
-  constexpr size_t kMaxPieces = 32;
-  iovec piece[kMaxPieces];
-  size_t i = 0, off = 0;   // position in p.iov
-  for (uint16_t k = 0; i < p.iovcnt; k++) {
-    size_t want = p.gso_size ? p.gso_size : SIZE_MAX, n = 0;
-    while (want && i < p.iovcnt && n < kMaxPieces) {
-      size_t take = std::min(want, p.iov[i].iov_len - off);
-      piece[n++] = {static_cast<uint8_t *>(p.iov[i].iov_base) + off, take};
-      want -= take;
-      off += take;
-      if (off == p.iov[i].iov_len) i++, off = 0;
-    }
-    f(static_cast<const iovec *>(piece), n, k);
-  }
+  files->emplace(path, f);
+  return f;
 }
 
 // One IPv4/UDP datagram as the kernel sends it: DF, IP ID 0 (segment i of
 // a GSO send: i), the TOS and TTL the packet asked for, UDP checksum 0 (not
-// computed here).
-void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint16_t ip_id,
-                      const iovec *iov, size_t iovcnt) {
+// computed here). One record at a time in the file, whoever writes it.
+void write_record(FILE *f, Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint16_t ip_id,
+                  const iovec *iov, size_t iovcnt) {
   size_t len = 0;
   for (size_t i = 0; i < iovcnt; i++) len += iov[i].iov_len;
   uint8_t h[28] = {};
@@ -109,9 +78,76 @@ void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint
   timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
   RecordHeader r{uint32_t(t.tv_sec), uint32_t(t.tv_nsec), uint32_t(total), uint32_t(total)};
-  fwrite(&r, sizeof r, 1, f_);
-  fwrite(h, sizeof h, 1, f_);
-  for (size_t i = 0; i < iovcnt; i++) fwrite(iov[i].iov_base, 1, iov[i].iov_len, f_);
+  flockfile(f);
+  fwrite(&r, sizeof r, 1, f);
+  fwrite(h, sizeof h, 1, f);
+  for (size_t i = 0; i < iovcnt; i++) fwrite(iov[i].iov_base, 1, iov[i].iov_len, f);
+  funlockfile(f);
+}
+
+}  // namespace
+
+void trace_datagram(Endpoint src, Endpoint dst, const uint8_t *p, size_t n) {
+  static FILE *f = [] {
+    const char *t = getenv("USRC_TRACE");
+    std::string err;
+    return t && *t ? open_shared(trace_path(t), &err) : nullptr;
+  }();
+  if (!f) return;
+  iovec v{const_cast<uint8_t *>(p), n};
+  write_record(f, src, dst, 0, 0, 0, &v, 1);
+  fflush(f);
+}
+
+std::string trace_path(const std::string &pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); i++) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
+      out += std::to_string(getpid());
+      i++;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<Nic> TraceNic::wrap(std::unique_ptr<Nic> &inner, const std::string &path,
+                                    std::string *err) {
+  FILE *f = open_shared(path, err);
+  if (!f) return nullptr;
+  return std::unique_ptr<Nic>(new TraceNic(std::move(inner), f));
+}
+
+TraceNic::TraceNic(std::unique_ptr<Nic> inner, FILE *f) : NicDecorator(std::move(inner)), f_(f) {
+  if (LocalPeers *lp = inner_->local_peers()) peers_.emplace(*lp, *this);
+}
+
+TraceNic::~TraceNic() { fflush(f_); }
+
+// Calls f(iov, iovcnt, index) for each datagram of a segmented TxPacket
+// (gso_size bytes each, the last may be shorter).
+template <class F>
+static void for_each_segment(const TxPacket &p, F &&f) {
+  constexpr size_t kMaxPieces = 32;
+  iovec piece[kMaxPieces];
+  size_t i = 0, off = 0;   // position in p.iov
+  for (uint16_t k = 0; i < p.iovcnt; k++) {
+    size_t want = p.gso_size ? p.gso_size : SIZE_MAX, n = 0;
+    while (want && i < p.iovcnt && n < kMaxPieces) {
+      size_t take = std::min(want, p.iov[i].iov_len - off);
+      piece[n++] = {static_cast<uint8_t *>(p.iov[i].iov_base) + off, take};
+      want -= take;
+      off += take;
+      if (off == p.iov[i].iov_len) i++, off = 0;
+    }
+    f(static_cast<const iovec *>(piece), n, k);
+  }
+}
+
+void TraceNic::record(Endpoint src, Endpoint dst, uint8_t tos, uint8_t ttl, uint16_t ip_id,
+                      const iovec *iov, size_t iovcnt) {
+  write_record(f_, src, dst, tos, ttl, ip_id, iov, iovcnt);
 }
 
 size_t TraceNic::send(std::span<const TxPacket> pkts) {

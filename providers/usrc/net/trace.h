@@ -52,6 +52,11 @@ class TraceNic final : public NicDecorator {
   std::optional<Peers> peers_;
 };
 
+// Records a datagram sent or received outside the devices' NICs (the CM's
+// MADs to and from QP1, docs/cm.md) in this process's trace file, if
+// USRC_TRACE names one: the file the devices' NICs write.
+void trace_datagram(Endpoint src, Endpoint dst, const uint8_t *p, size_t n);
+
 // The trace file name for this process: "%p" in `pattern` becomes the pid.
 std::string trace_path(const std::string &pattern);
 

@@ -106,6 +106,27 @@ if command -v ibv_rc_pingpong >/dev/null; then
   CTX=$((CTX + 2))
   note "ibv_rc_pingpong from LID 4 to LID 3 (resolved by the SA): $(grep -h 'bytes in' "$OUT/pp.cli" | head -1)"
 fi
+# rdma_cm: rdma_resolve_route asks the SA for the path, so the REQ names
+# the SA's LIDs (4 to 3; the low-bits scheme would say 3 to 2).
+if command -v rping >/dev/null; then
+  port=$(( 7000 + RANDOM % 2000 ))
+  sid=$(printf 's%016x' $(( 0x01060000 + port )))
+  ip netns exec $B timeout 60 "$USRC" exec -- rping -s -a $NET.2 -p $port -C 10 -V >"$OUT/rp.srv" 2>&1 &
+  ppid=$!
+  for i in $(seq 100); do ls "$USRC_ROOT"/cm/*/$sid >/dev/null 2>&1 && break; sleep 0.1; done
+  ip netns exec $C timeout 60 "$USRC" exec --trace "$OUT/rp.pcap" -- rping -c -a $NET.2 -p $port -C 10 -V \
+    >"$OUT/rp.cli" 2>&1 || { cat "$OUT/rp.srv" "$OUT/rp.cli"; fail "rping between SA LIDs"; }
+  wait $ppid || { cat "$OUT/rp.srv"; fail "rping server"; }
+  CTX=$((CTX + 2))
+  if command -v tshark >/dev/null; then
+    base=$(sed -n 's/^base_port=//p' "$USRC_ROOT/sys/class/infiniband/sab/usrc.conf")
+    lids=$(tshark -r "$OUT/rp.pcap" -d udp.port==$base,infiniband -Y infiniband.cm.req.prim_locallid \
+      -T fields -e infiniband.cm.req.prim_locallid -e infiniband.cm.req.prim_remotelid 2>/dev/null | head -1)
+    [ "$(echo $lids)" = "4 3" ] || fail "rping's REQ: LIDs '$lids', expected the SA's 4 3"
+  fi
+  note "rping -V from LID 4 to LID 3 over rdma_cm, the route from the SA"
+fi
+
 # And UD: the address handles resolve the DLID through the SA.
 if command -v ibv_ud_pingpong >/dev/null; then
   port=$(pick_port)

@@ -108,6 +108,7 @@ struct Id {
   uint32_t src_ip = 0, dst_ip = 0;
   uint16_t src_port = 0, dst_port = 0;
   const Device *dev = nullptr;
+  uint16_t dlid = 0;                // InfiniBand: the peer's LID from the SA or its REQ; 0: lid_for
   uint32_t listener = UINT32_MAX;   // a passive id: its listener's handle until accepted
   // The connection (IBA 12.6).
   uint32_t local_comm = 0, remote_comm = 0;
@@ -252,6 +253,9 @@ void Cm::queue(Id *id, uint32_t event, int32_t status, const uint8_t *priv, size
 }
 
 // The address vector usrc needs to reach the peer: a GRH with its
+// The peer's LID: the SA's or its REQ's, else the low bits of its address.
+static uint16_t peer_lid(const Id *id) { return id->dlid ? id->dlid : lid_for(id->dst_ip); }
+
 // IPv4-mapped GID on either link layer, and its LID on InfiniBand.
 void Cm::peer_ah(Id *id, ib_uverbs_ah_attr &ah) {
   ah = {};
@@ -260,7 +264,7 @@ void Cm::peer_ah(Id *id, ib_uverbs_ah_attr &ah) {
   ah.grh.hop_limit = 64;
   ah.is_global = 1;
   ah.port_num = 1;
-  if (id->dev->link_layer == LinkLayer::ib) ah.dlid = lid_for(id->dst_ip);
+  if (id->dev->link_layer == LinkLayer::ib) ah.dlid = peer_lid(id);
 }
 
 // The devices are kept for the Cm's life (ids point at them); a device
@@ -475,6 +479,23 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       Id *id = find(c->id, f);
       if (!id) return -ENOENT;
       if (id->st != St::addr_resolved && id->st != St::route_resolved) return -EINVAL;
+      // On InfiniBand with a subnet administrator, the path is the SA's
+      // (its DLID); asked without the lock (an SA that does not answer
+      // takes its retries), so the id is looked up again.
+      if (id->dev && id->dev->link_layer == LinkLayer::ib && id->dev->sa_ip) {
+        const Device dev = *id->dev;
+        const uint32_t dst = id->dst_ip, handle = c->id;
+        uint16_t dlid = 0;
+        lk.unlock();
+        const int e = net_.path(dev, dst, &dlid);
+        lk.lock();
+        if (!(id = find(handle, f))) return -ENOENT;
+        if (e) {
+          queue(id, kRouteError, -e);
+          return 0;
+        }
+        id->dlid = dlid;
+      }
       id->st = St::route_resolved;
       queue(id, kRouteResolved, 0);
       return 0;
@@ -508,8 +529,8 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
             r.ib_route[0].rate_selector = 2;
             r.ib_route[0].packet_life_time_selector = 2;
             if (id->dev->link_layer == LinkLayer::ib) {
-              r.ib_route[0].slid = htons(lid_for(id->dev->ipv4));
-              r.ib_route[0].dlid = htons(lid_for(id->dst_ip));
+              r.ib_route[0].slid = htons(id->dev->lid);
+              r.ib_route[0].dlid = htons(peer_lid(id));
             }
           }
         }
@@ -596,8 +617,8 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       m.flow_control = c.conn_param.flow_control;
       m.mtu = id->mtu;
       if (id->dev->link_layer == LinkLayer::ib) {
-        m.local_lid = lid_for(id->dev->ipv4);
-        m.remote_lid = lid_for(id->dst_ip);
+        m.local_lid = id->dev->lid;
+        m.remote_lid = peer_lid(id);
       }
       mapped_gid(id->dev->ipv4, m.local_gid);
       mapped_gid(id->dst_ip, m.remote_gid);
@@ -1011,6 +1032,7 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   id->src_port = l->src_port;
   id->dst_ip = src_ip;
   id->dst_port = ip.src_port;
+  if (d->link_layer == LinkLayer::ib) id->dlid = m.local_lid;   // (the sender's, as its SA or scheme gave it)
   id->child = true;
   id->local_comm = new_comm();
   id->remote_comm = m.local_comm;

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,6 +37,9 @@ struct Device {
   LinkLayer link_layer = LinkLayer::ib;
   uint8_t mtu = 3;          // IBA MTU code of the active MTU
   uint8_t sgid_index = 0;   // the GID table's entry of ::ffff:ipv4
+  uint16_t lid = 0;         // InfiniBand: the port's LID (lid_for, or the SA's)
+  uint32_t sa_ip = 0;       // its subnet administrator (docs/sa.md); 0: none
+  uint16_t sa_port = 0;
 };
 
 class Net {
@@ -51,6 +55,12 @@ class Net {
   virtual void count(const Device &d, Counter c) = 0;
   virtual uint64_t now_ns() = 0;
   virtual void timers_changed() = 0;             // next_deadline() may be earlier
+  // The DLID of the path from `from` to dst_ip, asked of its SA (blocking:
+  // called without the Cm's lock); 0 or an errno.
+  virtual int path(const Device &from, uint32_t dst_ip, uint16_t *dlid) {
+    (void)from, (void)dst_ip, (void)dlid;
+    return EOPNOTSUPP;
+  }
 };
 
 struct Id;

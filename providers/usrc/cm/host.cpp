@@ -33,6 +33,7 @@
 #include <mutex>
 #include <thread>
 
+#include "usrc/cm/sa.h"
 #include "usrc/common/guard.h"
 #include "usrc/net/trace.h"
 #include "usrc/wire/hdr.h"
@@ -126,6 +127,9 @@ class HostNet final : public Net {
       v.guid = c->node_guid;
       v.ipv4 = c->ipv4;
       v.base_port = c->base_port;
+      v.lid = c->lid;
+      v.sa_ip = c->sa_ip;
+      v.sa_port = c->sa_port;
       v.link_layer = c->link_layer;
       uint8_t mtu = 1;
       while (mtu < 5 && (256u << mtu) <= c->active_mtu) mtu++;
@@ -239,6 +243,13 @@ class HostNet final : public Net {
   }
 
   uint64_t now_ns() override { return mono_ns(); }
+
+  int path(const Device &from, uint32_t dst_ip, uint16_t *dlid) override {
+    sa::PathRecord r;
+    const int e = sa::path_to({from.sa_ip, from.sa_port}, from.ipv4, from.lid, dst_ip, &r);
+    if (!e) *dlid = r.dlid;
+    return e;
+  }
 
   void timers_changed() override {
     uint64_t one = 1;

@@ -698,6 +698,36 @@ int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
   return 0;
 }
 
+int path_to(Endpoint sa, uint32_t local_ip, uint16_t slid, uint32_t dst_ip, PathRecord *out) {
+  Client cl(sa, verbs_timers());
+  std::string err;
+  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
+  SaMad req = request(kGet, kUsrcPortRecord, 0);
+  UsrcPortRecord port;
+  port.ipv4 = dst_ip;
+  port.put(req.data);
+  req.comp_mask = UsrcPortRecord::kIpv4;
+  Requester::Result r;
+  if (!cl.query(req, r)) return EHOSTUNREACH;
+  if (r.err) return ETIMEDOUT;
+  if (r.status) return EINVAL;
+  port.get(r.payload.data());
+  if (port.ipv4 != dst_ip || port.lid == 0) return EINVAL;
+  req = request(kGet, kPathRecord, 0);
+  PathRecord q;
+  q.slid = slid;
+  q.dlid = port.lid;
+  q.numb_path = 1;
+  q.reversible = true;
+  q.put(req.data);
+  req.comp_mask = PathRecord::kSlid | PathRecord::kDlid | PathRecord::kNumbPath | PathRecord::kReversible;
+  if (!cl.query(req, r)) return EHOSTUNREACH;
+  if (r.err) return ETIMEDOUT;
+  if (r.status) return EINVAL;
+  out->get(r.payload.data());
+  return out->dlid == port.lid ? 0 : EINVAL;
+}
+
 bool parse_endpoint(const std::string &s, Endpoint *e) {
   std::string host = s;
   unsigned long port = kDefaultPort;

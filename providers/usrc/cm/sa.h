@@ -181,6 +181,12 @@ constexpr uint64_t kLidCacheNs = 60'000'000'000ull;
 // resolve_lid's cache too.
 int port_lids(Endpoint sa, uint32_t local_ip, std::unordered_map<uint32_t, uint16_t> *out);
 
+// The path from the port with LID slid to the port at dst_ip (host order),
+// as rdma_resolve_route asks for it on the InfiniBand link layer: the
+// destination's LID from its UsrcPortRecord (by address), then a
+// SubnAdmGet of the PathRecord between the two LIDs. 0, or as resolve_lid.
+int path_to(Endpoint sa, uint32_t local_ip, uint16_t slid, uint32_t dst_ip, PathRecord *out);
+
 // "ADDR[:PORT]" with the default port; false if it is not an IPv4 address.
 constexpr uint16_t kDefaultPort = 4791;
 bool parse_endpoint(const std::string &s, Endpoint *e);

@@ -117,8 +117,10 @@ int main(int argc, char **argv) {
   if (*saq) return sa_query(sa);
   if (*sar) return sa_register(sa);
   if (*sacmd) {
+    // (usrc-sa.service: the address from /etc/usrc/sa.conf, in the environment.)
+    if (const char *e = getenv("USRC_SA_LISTEN"); sa.listen.empty() && e) sa.listen = e;
     if (sa.listen.empty()) {
-      fprintf(stderr, "usrc: sa: --listen ADDR[:PORT], or a subcommand (query, register)\n");
+      fprintf(stderr, "usrc: sa: --listen ADDR[:PORT] (or USRC_SA_LISTEN), or a subcommand (query, register)\n");
       return 2;
     }
     return sa_serve(sa);

@@ -987,6 +987,41 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
   }
 }
 
+// The passive side of a REQ or SIDR REQ (m) from src_ip:src_port: a new
+// id of the service's listener, its addresses and the request's IDs filled
+// in (and the listener's uid, which its event carries), or nullptr and why
+// not (later: a first request for a service nobody listens on, not
+// answered yet: first_unheard).
+Id *Cm::child(const Device &dev, uint32_t src_ip, const Msg &m, uint16_t src_port, Refusal *why,
+              uint64_t *listener_uid) {
+  auto lit = listeners_.find(m.service_id);
+  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
+    *why = first_unheard(src_ip, m.local_comm) ? Refusal::later : Refusal::no_service;
+    return nullptr;
+  }
+  Id *l = lit->second;
+  const Device *d = device_for_ip(dev.ipv4);
+  Id *id = d ? new_id(l->file, 0) : nullptr;
+  if (!id) {
+    *why = d ? Refusal::no_qp : Refusal::no_service;
+    return nullptr;
+  }
+  id->ps = l->ps;
+  id->child = true;
+  id->dev = d;
+  id->listener = l->handle;
+  id->src_ip = dev.ipv4;
+  id->src_port = l->src_port;
+  id->dst_ip = src_ip;
+  id->dst_port = src_port;
+  id->remote_comm = m.local_comm;
+  id->tid = m.tid;
+  id->st = St::req_rcvd;
+  by_remote_[{src_ip, m.local_comm}] = id;
+  *listener_uid = l->uid;
+  return id;
+}
+
 void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   // A duplicate: the REQ was resent before our answer arrived.
   if (auto it = by_remote_.find({src_ip, m.local_comm}); it != by_remote_.end()) {
@@ -1016,26 +1051,15 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     drop(dev);
     return reject(kRejInvalidServiceId);
   }
-  auto lit = listeners_.find(m.service_id);
-  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
-    if (first_unheard(src_ip, m.local_comm)) return;
-    return reject(kRejInvalidServiceId);
+  Refusal why;
+  uint64_t uid;
+  Id *id = child(dev, src_ip, m, ip.src_port, &why, &uid);
+  if (!id) {
+    if (why == Refusal::later) return;
+    return reject(why == Refusal::no_qp ? kRejNoQp : kRejInvalidServiceId);
   }
-  Id *l = lit->second;
-  const Device *d = device_for_ip(dev.ipv4);
-  if (!d) return reject(kRejInvalidServiceId);
-  Id *id = new_id(l->file, 0);
-  if (!id) return reject(kRejNoQp);
-  id->dev = d;
-  id->listener = l->handle;
-  id->src_ip = dev.ipv4;
-  id->src_port = l->src_port;
-  id->dst_ip = src_ip;
-  id->dst_port = ip.src_port;
-  if (d->link_layer == LinkLayer::ib) id->dlid = m.local_lid;   // (the sender's, as its SA or scheme gave it)
-  id->child = true;
+  if (id->dev->link_layer == LinkLayer::ib) id->dlid = m.local_lid;   // (the sender's, as its SA or scheme gave it)
   id->local_comm = new_comm();
-  id->remote_comm = m.local_comm;
   id->remote_qpn = m.qpn;
   id->rq_psn = m.psn;
   // Chosen now: librdmacm moves the QP to RTS (INIT_QP_ATTR) before ACCEPT.
@@ -1048,12 +1072,9 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   id->rnr_retry_count = m.rnr_retry_count;
   id->srq = m.srq;
   id->mtu = std::min(m.mtu ? m.mtu : uint8_t{1}, id->dev->mtu);
-  id->tid = m.tid;
   id->timeout_code = m.local_cm_timeout ? m.local_cm_timeout : kCmTimeout;
-  id->st = St::req_rcvd;
   by_comm_[id->local_comm] = id;
-  by_remote_[{src_ip, m.local_comm}] = id;
-  queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kReqPrivate - kIpHdrLen, l->uid);
+  queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kReqPrivate - kIpHdrLen, uid);
 }
 
 // A request for a service nobody listens on is refused when it comes again
@@ -1111,31 +1132,16 @@ void Cm::on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     drop(dev);
     return answer(kSidrNoService);
   }
-  auto lit = listeners_.find(m.service_id);
-  if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
-    if (first_unheard(src_ip, m.local_comm)) return;
-    return answer(kSidrNoService);
+  Refusal why;
+  uint64_t uid;
+  Id *id = child(dev, src_ip, m, ip.src_port, &why, &uid);
+  if (!id) {
+    if (why == Refusal::later) return;
+    return answer(why == Refusal::no_qp ? kSidrNoQp : kSidrNoService);
   }
-  Id *l = lit->second;
-  const Device *d = device_for_ip(dev.ipv4);
-  if (!d) return answer(kSidrNoService);
-  Id *id = new_id(l->file, 0);
-  if (!id) return answer(kSidrNoQp);
-  id->ps = l->ps;
   id->ud = true;
-  id->child = true;
-  id->dev = d;
-  id->listener = l->handle;
-  id->src_ip = dev.ipv4;
-  id->src_port = l->src_port;
-  id->dst_ip = src_ip;
-  id->dst_port = ip.src_port;
-  id->remote_comm = m.local_comm;
-  id->tid = m.tid;
-  id->mtu = d->mtu;
-  id->st = St::req_rcvd;
-  by_remote_[{src_ip, m.local_comm}] = id;
-  queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kSidrReqPrivate - kIpHdrLen, l->uid);
+  id->mtu = id->dev->mtu;
+  queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kSidrReqPrivate - kIpHdrLen, uid);
 }
 
 // IBA 12.11.2: the answer. Valid: ESTABLISHED with the service's QPN, Q_Key

@@ -649,16 +649,37 @@ RmppTimers verbs_timers() {
   return t;
 }
 
+// One query, its outcome as an errno: 0, EHOSTUNREACH (not sent),
+// ETIMEDOUT (no answer) or EINVAL (the SA refused it).
+int ask(Client &cl, const SaMad &req, Requester::Result &r) {
+  if (!cl.query(req, r)) return EHOSTUNREACH;
+  if (r.err) return ETIMEDOUT;
+  return r.status ? EINVAL : 0;
+}
+
+// The UsrcPortRecord that matches q on the comp_mask fields.
+int get_port(Client &cl, const UsrcPortRecord &q, uint64_t comp_mask, UsrcPortRecord *out) {
+  SaMad req = request(kGet, kUsrcPortRecord, 0);
+  q.put(req.data);
+  req.comp_mask = comp_mask;
+  Requester::Result r;
+  if (int e = ask(cl, req, r)) return e;
+  out->get(r.payload.data());
+  return 0;
+}
+
+int open_client(Client &cl, uint32_t local_ip) {
+  std::string err;
+  return cl.open(local_ip, &err) ? 0 : errno ? errno : EHOSTUNREACH;
+}
+
 }  // namespace
 
 int port_lids(Endpoint sa, uint32_t local_ip, std::unordered_map<uint32_t, uint16_t> *out) {
   Client cl(sa, verbs_timers());
-  std::string err;
-  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
+  if (int e = open_client(cl, local_ip)) return e;
   Requester::Result r;
-  if (!cl.query(request(kGetTable, kUsrcPortRecord, 0), r)) return EHOSTUNREACH;
-  if (r.err) return ETIMEDOUT;
-  if (r.status) return EINVAL;
+  if (int e = ask(cl, request(kGetTable, kUsrcPortRecord, 0), r)) return e;
   std::lock_guard lock(g_lid_mu);
   for (const uint8_t *p : records(r, UsrcPortRecord::kLen)) {
     UsrcPortRecord rec;
@@ -679,19 +700,10 @@ int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
     return 0;
   }
   Client cl(sa, verbs_timers());
-  std::string err;
-  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
-  SaMad req = request(kGet, kUsrcPortRecord, 0);
-  UsrcPortRecord q;
+  if (int e = open_client(cl, local_ip)) return e;
+  UsrcPortRecord q, got;
   q.lid = lid;
-  q.put(req.data);
-  req.comp_mask = UsrcPortRecord::kLid;
-  Requester::Result r;
-  if (!cl.query(req, r)) return EHOSTUNREACH;
-  if (r.err) return ETIMEDOUT;
-  if (r.status) return EINVAL;
-  UsrcPortRecord got;
-  got.get(r.payload.data());
+  if (int e = get_port(cl, q, UsrcPortRecord::kLid, &got)) return e;
   if (got.lid != lid || got.ipv4 == 0) return EINVAL;
   cache[key] = {got.ipv4, mono_ns() + kLidCacheNs};
   *ip = got.ipv4;
@@ -700,30 +712,21 @@ int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
 
 int path_to(Endpoint sa, uint32_t local_ip, uint16_t slid, uint32_t dst_ip, PathRecord *out) {
   Client cl(sa, verbs_timers());
-  std::string err;
-  if (!cl.open(local_ip, &err)) return errno ? errno : EHOSTUNREACH;
-  SaMad req = request(kGet, kUsrcPortRecord, 0);
-  UsrcPortRecord port;
-  port.ipv4 = dst_ip;
-  port.put(req.data);
-  req.comp_mask = UsrcPortRecord::kIpv4;
-  Requester::Result r;
-  if (!cl.query(req, r)) return EHOSTUNREACH;
-  if (r.err) return ETIMEDOUT;
-  if (r.status) return EINVAL;
-  port.get(r.payload.data());
+  if (int e = open_client(cl, local_ip)) return e;
+  UsrcPortRecord q, port;
+  q.ipv4 = dst_ip;
+  if (int e = get_port(cl, q, UsrcPortRecord::kIpv4, &port)) return e;
   if (port.ipv4 != dst_ip || port.lid == 0) return EINVAL;
-  req = request(kGet, kPathRecord, 0);
-  PathRecord q;
-  q.slid = slid;
-  q.dlid = port.lid;
-  q.numb_path = 1;
-  q.reversible = true;
-  q.put(req.data);
+  SaMad req = request(kGet, kPathRecord, 0);
+  PathRecord p;
+  p.slid = slid;
+  p.dlid = port.lid;
+  p.numb_path = 1;
+  p.reversible = true;
+  p.put(req.data);
   req.comp_mask = PathRecord::kSlid | PathRecord::kDlid | PathRecord::kNumbPath | PathRecord::kReversible;
-  if (!cl.query(req, r)) return EHOSTUNREACH;
-  if (r.err) return ETIMEDOUT;
-  if (r.status) return EINVAL;
+  Requester::Result r;
+  if (int e = ask(cl, req, r)) return e;
   out->get(r.payload.data());
   return out->dlid == port.lid ? 0 : EINVAL;
 }

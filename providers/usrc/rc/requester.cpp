@@ -207,9 +207,9 @@ bool Engine::send_direct(Qp &qp) {
   do {
     total = w->pkt_len;
     if (k && (total > seg || p + total > base + cap)) break;
-    // The BTH (with its segment index and AckReq), then RETH and ImmDt as
+    // The BTH (with AckReq), then RETH and ImmDt as
     // the opcode has them, the payload, pad and ICRC.
-    wire::bth::put_words(p, w->bth0, wire::bth::word1(dest, uint8_t(k)), wire::bth::word2(psn, true));
+    wire::bth::put_words(p, w->bth0, wire::bth::word1(dest), wire::bth::word2(psn, true));
     uint8_t *const q = wire::put_request_ext(p, w->reth_immdt, w->wr.remote_va, w->wr.rkey, w->length, w->wr.imm_be);
     const uint32_t len = w->length;
     // (Its buffer unmapped: not sent, see Engine::source_faults.)

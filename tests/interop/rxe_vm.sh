@@ -12,6 +12,7 @@
 #                           prints its output and returns its status; -b: in the
 #                           background, prints an id for vm_wait
 # vm_wait ID                waits for a background command (output, status)
+# vm_kill ID                kills a background command (vm_wait still collects it)
 # vm_set_mtu MTU            bridge, tap and guest eth0 (rxe's active MTU follows)
 # vm_stop                   stops the guest, removes the netns (taps, bridge with it)
 # Every step is bounded; vm_stop is for an EXIT trap.
@@ -168,6 +169,8 @@ vm_wait() {
   rm -f "$id".*
   return "$rc"
 }
+
+vm_kill() { touch "$1.kill"; }
 
 vm_set_mtu() {
   ip -n "$VM_NS" link set "$VM_BR" mtu "$1" && ip -n "$VM_NS" link set "$VM_TAP" mtu "$1" &&

@@ -4,7 +4,7 @@
 # rxevm.mtu=N), an rdma_rxe device rxe0 on it, then the command agent:
 # every /share/q/ID.cmd (virtio-9p, the host's directory) runs in its own
 # process group, killed whole after ID.timeout seconds; its output goes to
-# ID.out and its exit status to ID.rc.
+# ID.out and its exit status to ID.rc; an ID.kill file kills it at once.
 # The host's programs are in /opt/bin (called by path where busybox has an
 # applet of the same name: its sh runs applets first).
 export PATH=/opt/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -40,13 +40,13 @@ done
 say "READY $(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null) uptime $(cut -d' ' -f1 /proc/uptime)"
 
 run() {
-  to=$(cat "$1.timeout" 2>/dev/null || echo 120)
+  to=$(($(cat "$1.timeout" 2>/dev/null || echo 120) * 5))
   cd /tmp
   setsid sh "$1.run" >"$1.out" 2>&1 </dev/null &
   pid=$!
   ( i=0
-    while [ $i -lt "$to" ] && kill -0 $pid 2>/dev/null; do sleep 1; i=$((i + 1)); done
-    kill -0 $pid 2>/dev/null && { echo "rxevm: timeout after ${to}s" >>"$1.out"; kill -KILL -$pid; } ) &
+    while [ $i -lt "$to" ] && kill -0 $pid 2>/dev/null && [ ! -e "$1.kill" ]; do usleep 200000; i=$((i + 1)); done
+    kill -0 $pid 2>/dev/null && { echo "rxevm: killed after $((i / 5)) s" >>"$1.out"; kill -KILL -$pid; } ) &
   wait $pid
   echo $? >"$1.rc.tmp" && mv "$1.rc.tmp" "$1.rc"
 }

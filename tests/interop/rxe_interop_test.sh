@@ -1,0 +1,211 @@
+#!/bin/bash
+# usrc against the Linux kernel's Soft-RoCE (rdma_rxe): a QEMU guest with
+# Debian 12's kernel and an rxe device (rxe_vm.sh) behind a bridge in a
+# network namespace, a usrc RoCE device on that bridge. For each guest MTU
+# (1500: rxe's active MTU 1024; 9000: 4096), and again with 5% of the
+# guest's packets dropped on the host's input (nftables), in both directions
+# (usrc as client and as server):
+#   stock ibv_rc_pingpong -c, perftest ib_{send,write,read}_bw, ib_atomic_bw
+#   (FETCH_AND_ADD, CMP_AND_SWAP), ib_{send,write,read}_lat, and rxe_check
+#   (every operation, data checked on both sides).
+# Each set is captured on the tap: tshark must find no malformed packet and
+# every packet must carry a valid ICRC (icrc_check.py); rxe's counters must
+# show no out-of-sequence request and, without loss, no sequence error NAK.
+# A table of the runs' throughput and latency is printed (TCG: a few MB/s).
+# Usage: rxe_interop_test.sh USRC_CLI PROVIDER_SO RXE_CHECK CACHE_DIR
+# Environment: RXEVM_MTUS (default "1500 9000"), RXEVM_LOSS (5; 0: no loss
+# set), RXEVM_LOSS_MTUS ("1500"), RXEVM_ONLY (a regex of test names).
+USRC=$1 USRC_PROVIDER=$2 CHECK=$3 CACHE=$4
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../integration/lib.sh"
+. "$HERE/rxe_vm.sh"
+[ "$(id -u)" = 0 ] || { echo "needs root (netns, tap, qemu)"; exit 77; }
+need_tools qemu-system-x86_64 busybox cpio depmod apt-get dpkg tcpdump tshark nft python3 \
+  ibv_rc_pingpong ib_send_bw ib_atomic_bw rdma
+[ -c /dev/net/tun ] || { echo "no /dev/net/tun"; exit 77; }
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || { echo "no rxe provider (ibverbs-providers)"; exit 77; }
+MTUS=${RXEVM_MTUS:-1500 9000} LOSS=${RXEVM_LOSS:-5} LOSS_MTUS=${RXEVM_LOSS_MTUS:-1500}
+ONLY=${RXEVM_ONLY:-.}
+TMO=120   # a bound on each run (against hangs: rxe retries forever)
+T0=$(date +%s)
+
+new_root
+hpids=()
+cleanup() {
+  local p
+  for p in "${hpids[@]}"; do kill "$p" 2>/dev/null; done
+  vm_stop
+  rm -rf "$USRC_ROOT"
+}
+trap cleanup EXIT
+
+bins=()
+for b in ip rdma ibv_devinfo ibv_rc_pingpong ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw \
+         ib_send_lat ib_write_lat ib_read_lat; do
+  bins+=("$(readlink -f "$(command -v "$b")")")
+done
+vm_prepare "$CACHE" "${bins[@]}" "$CHECK"
+case $? in
+  0) ;;
+  2) echo "the kernel package cannot be downloaded"; exit 77 ;;
+  *) fail "preparing the guest" ;;
+esac
+vm_boot "$CACHE" 1500 || fail "the guest did not boot"
+note "guest up after $(($(date +%s) - T0)) s"
+RUN=$VM_RUN
+hexec() { ip netns exec "$VM_NS" "$@"; }
+
+# The usrc device on the bridge, for the bridge's current MTU.
+HGID=
+usrc_device() {
+  hexec "$USRC" link del rv0 >/dev/null 2>&1
+  hexec "$USRC" link add rv0 netdev "$VM_BR" type roce >/dev/null || fail "usrc link add"
+  HGID=$(hexec "$USRC" exec -- ibv_devinfo -v -d rv0 |
+         sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$VM_HOST\b.*/\1/p" | head -1)
+  [ -n "$HGID" ] || fail "no GID of $VM_HOST on rv0"
+}
+
+# The value a run prints on its client side, for the table.
+value_of() {   # value_of TEST FILE
+  case $1 in
+    *_bw*) awk '$1 ~ /^[0-9]+$/ && NF >= 5 {v = $4 " MB/s"} END {print v}' "$2" ;;
+    *_lat) awk '$1 ~ /^[0-9]+$/ && NF >= 7 {v = $6 " us avg"} END {print v}' "$2" ;;
+    *rc_pingpong) grep -o '[0-9.]* usec/iter' "$2" | head -1 ;;
+    rxe_check) grep -q PASS "$2" && echo "data checked" ;;
+  esac
+}
+
+TABLE=$(mktemp /tmp/usrc-out.XXXXXX)
+failures=0
+# run PROGRAM[:NAME] SET DIR HOSTARGS GUESTARGS: one run. DIR "usrc->rxe":
+# usrc (host) is the client, the guest the server; "rxe->usrc": the other way.
+run() {
+  local test=$1 set=$2 dir=$3 hargs=$4 gargs=$5 prog=${1%%:*}
+  local port; port=$(pick_port)
+  local out=$RUN/out.$$.$port rc=0 id marker=$RUN/share/q/listen.$port
+  echo "$test $set $dir" | grep -qE "$ONLY" || return 0
+  if [ "$dir" = "usrc->rxe" ]; then
+    local hx; hx=$(printf '%04X' "$port")
+    id=$(vm_exec -b $TMO "$prog $gargs -p $port >/tmp/srv.$port 2>&1 & p=\$!
+      i=0; while ! grep -qE ':$hx 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 && [ \$i -lt 600 ]; do usleep 100000; i=\$((i+1)); done
+      touch /share/q/listen.$port; wait \$p; rc=\$?; cat /tmp/srv.$port; exit \$rc")
+    for _ in $(seq 600); do [ -e "$marker" ] && break; sleep 0.1; done
+    hexec timeout $TMO "$USRC" exec -- "$prog" $hargs -p "$port" "$VM_GUEST" >"$out.cli" 2>&1 || { rc=$?; vm_kill "$id"; }
+    vm_wait "$id" >"$out.srv" 2>&1 || rc=$((rc ? rc : 1000 + $?))
+  else
+    hexec timeout $TMO "$USRC" exec -- "$prog" $hargs -p "$port" >"$out.srv" 2>&1 &
+    local hp=$!
+    hpids+=("$hp")
+    wait_listen "$VM_NS" "$port" || { kill $hp; fail "$test: the usrc server did not listen"; }
+    id=$(vm_exec -b $TMO "$prog $gargs -p $port $VM_HOST")
+    # Whichever side fails first ends the other.
+    local hrc=
+    while [ ! -e "$id.rc" ]; do
+      if ! kill -0 $hp 2>/dev/null; then
+        wait $hp; hrc=$?
+        [ $hrc = 0 ] || vm_kill "$id"
+        break
+      fi
+      sleep 0.2
+    done
+    vm_wait "$id" >"$out.cli" 2>&1 || { rc=$((1000 + $?)); [ -n "$hrc" ] || kill $hp 2>/dev/null; }
+    [ -n "$hrc" ] || { wait $hp; hrc=$?; }
+    [ $hrc = 0 ] || [ $rc != 0 ] || rc=$hrc
+  fi
+  rm -f "$marker"
+  local v; v=$(value_of "${test#*:}" "$out.cli")
+  if [ $rc -ne 0 ]; then
+    failures=$((failures + 1))
+    printf '%-14s %-26s %-10s %-5s %s\n' "$set" "${test#*:}" "$dir" "FAIL" >>"$TABLE"
+    echo "=== FAIL: $set $test $dir (status $rc)"
+    echo "--- server:"; tail -25 "$out.srv"; echo "--- client:"; tail -25 "$out.cli"
+  else
+    printf '%-14s %-26s %-10s %-5s %s\n' "$set" "${test#*:}" "$dir" "ok" "$v" >>"$TABLE"
+    note "$set ${test#*:} $dir: ok $v"
+  fi
+  rm -f "$out".*
+}
+
+# rxe's port counters, as NAME VALUE lines.
+rxe_stats() { vm_exec 30 "/opt/bin/rdma statistic show link rxe0/1" | awk '{for (i = 3; i < NF; i += 2) print $i, $(i + 1)}'; }
+stat_of() { awk -v n="$2" '$1 == n {print $2}' "$1"; }
+
+# one_set NAME MTU: every test both ways, captured, counters compared.
+one_set() {
+  local set=$1 mtu=$2 m=$((mtu >= 9000 ? 4096 : 1024))
+  local cap=$RUN/$set.pcap
+  rxe_stats >"$RUN/$set.before" || fail "rdma statistic"
+  hexec tcpdump -i "$VM_TAP" -U --immediate-mode -w "$cap" udp >"$RUN/$set.tcpdump" 2>&1 &
+  local tp=$!
+  hpids+=("$tp")
+  for _ in $(seq 100); do grep -q "listening on" "$RUN/$set.tcpdump" && break; sleep 0.1; done
+  local H="-d rv0" G="-d rxe0"
+  local pf="-F -m $m" n=40
+  for dir in "usrc->rxe" "rxe->usrc"; do
+    run ibv_rc_pingpong:rc_pingpong "$set" "$dir" "$H -g $HGID -m $m -c -n 20" "$G -g 1 -m $m -c -n 20"
+    run rxe_check "$set" "$dir" "$H -g $HGID -u 18" "$G -g 1 -u 18"
+    local t
+    for t in send write read; do
+      run "ib_${t}_bw" "$set" "$dir" "$H -x $HGID $pf -s 8192 -n $n" "$G -x 1 $pf -u 18 -s 8192 -n $n"
+    done
+    for t in FETCH_AND_ADD CMP_AND_SWAP; do
+      run "ib_atomic_bw:ib_atomic_bw_$t" "$set" "$dir" "$H -x $HGID $pf -A $t -n $n" "$G -x 1 $pf -u 18 -A $t -n $n"
+    done
+    for t in send write read; do
+      run "ib_${t}_lat" "$set" "$dir" "$H -x $HGID $pf -s 2048 -n $n" "$G -x 1 $pf -u 18 -s 2048 -n $n"
+    done
+  done
+  sleep 0.5
+  kill -INT $tp; wait $tp
+  rxe_stats >"$RUN/$set.after" || fail "rdma statistic"
+  # The wire: dissected whole, every ICRC right, every packet the host sent
+  # counted by rxe (it drops a packet with a bad ICRC uncounted).
+  local malformed roce sent rcvd
+  malformed=$(tshark -n -r "$cap" -Y '_ws.malformed' 2>/dev/null | wc -l)
+  roce=$(tshark -n -r "$cap" -Y infiniband 2>/dev/null | wc -l)
+  sent=$(tshark -n -r "$cap" -Y "infiniband && ip.src == $VM_HOST" 2>/dev/null | wc -l)
+  note "$set: $roce RoCE packets captured, $malformed malformed"
+  [ "$malformed" = 0 ] || { failures=$((failures + 1)); echo "FAIL: $set: $malformed malformed packets"; }
+  python3 "$HERE/icrc_check.py" "$cap" || { failures=$((failures + 1)); echo "FAIL: $set: bad ICRCs"; }
+  local c d
+  for c in rcvd_pkts out_of_seq_request rcvd_seq_err duplicate_request completer_retry_err retry_exceeded_err send_err; do
+    d=$(( $(stat_of "$RUN/$set.after" $c) - $(stat_of "$RUN/$set.before" $c) ))
+    eval "d_$c=$d"
+  done
+  note "$set: rxe counted $d_rcvd_pkts packets of the $sent the host sent; out_of_seq_request +$d_out_of_seq_request rcvd_seq_err +$d_rcvd_seq_err duplicate_request +$d_duplicate_request completer_retry_err +$d_completer_retry_err retry_exceeded_err +$d_retry_exceeded_err send_err +$d_send_err"
+  if [ "$d_out_of_seq_request" != 0 ] || [ "$d_retry_exceeded_err" != 0 ] || [ "$d_send_err" != 0 ] ||
+     { [ "${set#*loss}" = "$set" ] && [ "$d_rcvd_seq_err" != 0 ]; }; then
+    failures=$((failures + 1)); echo "FAIL: $set: rxe's counters show errors"
+  fi
+  rm -f "$cap"
+}
+
+for mtu in $MTUS; do
+  vm_set_mtu "$mtu" || fail "MTU $mtu"
+  usrc_device
+  note "MTU $mtu: usrc GID index $HGID, $(hexec "$USRC" exec -- ibv_devinfo -d rv0 | grep -o 'active_mtu.*')"
+  one_set "mtu$mtu" "$mtu"
+  if [ "$LOSS" != 0 ] && echo " $LOSS_MTUS " | grep -q " $mtu "; then
+    hexec nft -f - <<NFT || fail "nft"
+table inet rxvtloss {
+  chain in {
+    type filter hook input priority 0;
+    ip saddr $VM_GUEST meta l4proto udp numgen random mod 100 < $LOSS counter drop
+  }
+}
+NFT
+    one_set "mtu$mtu-loss$LOSS" "$mtu"
+    dropped=$(hexec nft list table inet rxvtloss | grep -o 'packets [0-9]*' | awk '{print $2}')
+    hexec nft delete table inet rxvtloss
+    note "nftables dropped $dropped of the guest's packets"
+    [ "${dropped:-0}" -gt 0 ] || { failures=$((failures + 1)); echo "FAIL: no packet was dropped"; }
+  fi
+done
+
+echo
+printf '%-14s %-26s %-10s %-5s %s\n' set test 'client->' result value
+cat "$TABLE"
+rm -f "$TABLE"
+echo "($(($(date +%s) - T0)) s; guest kernel $(ls "$CACHE/kpkg/lib/modules"), TCG unless KVM was usable)"
+[ $failures = 0 ] || fail "$failures failures"
+echo PASS

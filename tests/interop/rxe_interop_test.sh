@@ -80,14 +80,16 @@ failures=0
 # run PROGRAM[:NAME] SET DIR HOSTARGS GUESTARGS: one run. DIR "usrc->rxe":
 # usrc (host) is the client, the guest the server; "rxe->usrc": the other way.
 run() {
-  local test=$1 set=$2 dir=$3 hargs=$4 gargs=$5 prog=${1%%:*}
+  local test=$1 set=$2 dir=$3 hargs=$4 gargs=$5 prog=${1%%:*} gprog=${1%%:*}
+  # Our checker: the build's on the host, in /opt/bin in the guest.
+  [ "$prog" = rxe_check ] && prog=$CHECK gprog=${CHECK##*/}
   local port; port=$(pick_port)
   local out=$RUN/out.$$.$port rc=0 id marker=$RUN/share/q/listen.$port
   echo "$test $set $dir" | grep -qE "$ONLY" || return 0
   if [ "$dir" = "usrc->rxe" ]; then
     local hx; hx=$(printf '%04X' "$port")
-    id=$(vm_exec -b $TMO "$prog $gargs -p $port >/tmp/srv.$port 2>&1 & p=\$!
-      i=0; while ! grep -qE ':$hx 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 && [ \$i -lt 600 ]; do usleep 100000; i=\$((i+1)); done
+    id=$(vm_exec -b $TMO "$gprog $gargs -p $port >/tmp/srv.$port 2>&1 & p=\$!
+      i=0; while ! grep -qE ':$hx 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 && kill -0 \$p && [ \$i -lt 600 ]; do usleep 100000; i=\$((i+1)); done
       touch /share/q/listen.$port; wait \$p; rc=\$?; cat /tmp/srv.$port; exit \$rc")
     for _ in $(seq 600); do [ -e "$marker" ] && break; sleep 0.1; done
     hexec timeout $TMO "$USRC" exec -- "$prog" $hargs -p "$port" "$VM_GUEST" >"$out.cli" 2>&1 || { rc=$?; vm_kill "$id"; }
@@ -96,21 +98,26 @@ run() {
     hexec timeout $TMO "$USRC" exec -- "$prog" $hargs -p "$port" >"$out.srv" 2>&1 &
     local hp=$!
     hpids+=("$hp")
-    wait_listen "$VM_NS" "$port" || { kill $hp; fail "$test: the usrc server did not listen"; }
-    id=$(vm_exec -b $TMO "$prog $gargs -p $port $VM_HOST")
-    # Whichever side fails first ends the other.
-    local hrc=
-    while [ ! -e "$id.rc" ]; do
-      if ! kill -0 $hp 2>/dev/null; then
-        wait $hp; hrc=$?
-        [ $hrc = 0 ] || vm_kill "$id"
-        break
-      fi
-      sleep 0.2
-    done
-    vm_wait "$id" >"$out.cli" 2>&1 || { rc=$((1000 + $?)); [ -n "$hrc" ] || kill $hp 2>/dev/null; }
-    [ -n "$hrc" ] || { wait $hp; hrc=$?; }
-    [ $hrc = 0 ] || [ $rc != 0 ] || rc=$hrc
+    if ! wait_listen "$VM_NS" "$port"; then
+      kill $hp 2>/dev/null; wait $hp
+      echo "$test $set: the usrc server did not listen" >"$out.cli"
+      rc=1
+    else
+      id=$(vm_exec -b $TMO "$gprog $gargs -p $port $VM_HOST")
+      # Whichever side fails first ends the other.
+      local hrc=
+      while [ ! -e "$id.rc" ]; do
+        if ! kill -0 $hp 2>/dev/null; then
+          wait $hp; hrc=$?
+          [ $hrc = 0 ] || vm_kill "$id"
+          break
+        fi
+        sleep 0.2
+      done
+      vm_wait "$id" >"$out.cli" 2>&1 || { rc=$((1000 + $?)); [ -n "$hrc" ] || kill $hp 2>/dev/null; }
+      [ -n "$hrc" ] || { wait $hp; hrc=$?; }
+      [ $hrc = 0 ] || [ $rc != 0 ] || rc=$hrc
+    fi
   fi
   rm -f "$marker"
   local v; v=$(value_of "${test#*:}" "$out.cli")
@@ -155,8 +162,12 @@ one_set() {
       run "ib_${t}_lat" "$set" "$dir" "$H -x $HGID $pf -s 2048 -n $n" "$G -x 1 $pf -u 18 -s 2048 -n $n"
     done
   done
+  # tcpdump writes each packet at once (-U); it may not see a SIGINT
+  # while no packet comes.
   sleep 0.5
-  kill -INT $tp; wait $tp
+  kill -INT $tp
+  for _ in $(seq 30); do kill -0 $tp 2>/dev/null || break; sleep 0.1; done
+  kill -KILL $tp 2>/dev/null; wait $tp
   rxe_stats >"$RUN/$set.after" || fail "rdma statistic"
   # The wire: dissected whole, every ICRC right, every packet the host sent
   # counted by rxe (it drops a packet with a bad ICRC uncounted).
@@ -165,6 +176,7 @@ one_set() {
   roce=$(tshark -n -r "$cap" -Y infiniband 2>/dev/null | wc -l)
   sent=$(tshark -n -r "$cap" -Y "infiniband && ip.src == $VM_HOST" 2>/dev/null | wc -l)
   note "$set: $roce RoCE packets captured, $malformed malformed"
+  [ "$roce" -gt 0 ] || { failures=$((failures + 1)); echo "FAIL: $set: no RoCE packet on the wire"; }
   [ "$malformed" = 0 ] || { failures=$((failures + 1)); echo "FAIL: $set: $malformed malformed packets"; }
   python3 "$HERE/icrc_check.py" "$cap" || { failures=$((failures + 1)); echo "FAIL: $set: bad ICRCs"; }
   local c d

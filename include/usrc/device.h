@@ -59,6 +59,10 @@ struct DeviceConfig {
   uint16_t sm_lid = 0;          // the LID the SA gave itself
   uint32_t active_mtu = 1024;   // bytes: netdev MTU minus headers, capped at 4096
   uint16_t base_port = 20000;   // UDP port of process slot s is base_port + s
+  // The RoCE v2 port (4791) that peers on other hosts send to, shared by
+  // the address's contexts (net/roce_port.h); 0: the slot scheme alone,
+  // peers send to base_port + slot (docs/design.md "Addressing").
+  uint16_t roce_port = 4791;
   uint64_t node_guid = 0;       // host byte order
   uint32_t gid_tbl_len = 1;     // the GIDs in use (indices 0 .. gid_tbl_len - 1)
   // The port's table (ibv_port_attr.gid_tbl_len): the GIDs in use, then
@@ -146,7 +150,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(cm_sent, "CM MADs sent (rdma_cm: REQ, REP, RTU, REJ, MRA, DREQ, DREP, resends included)") \
   X(cm_rcvd, "CM MADs received by this process's connection manager") \
   X(cm_dropped, "CM MADs dropped: malformed, for no connection, or not expected in its state") \
-  X(cm_forwarded, "CM MADs the device's GSI owner handed to the process they are for")
+  X(cm_forwarded, "CM MADs the device's GSI owner handed to the process they are for") \
+  X(roce_forwarded, "datagrams that reached this process at the RoCE v2 port (4791) for another, handed on")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

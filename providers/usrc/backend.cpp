@@ -39,6 +39,14 @@ std::unique_ptr<net::Nic> open_nic(const DeviceConfig &cfg, uint32_t *slot, uint
     if (cfg.backend == Backend::udp) {
       auto u = net::UdpNic::open(local, t.sock_buf, t.rx_batch, t.gso, &e, err);
       if (u) rcvbuf = u->rcvbuf();
+      // Peers on other hosts send to the RoCE v2 port (docs/design.md
+      // "Addressing"); a loopback address has none but this host's, which
+      // send to base_port + slot.
+      std::string rerr;
+      if (u && cfg.roce_port && (cfg.ipv4 >> 24) != 127 &&
+          !u->join_roce(cfg.roce_port, uint16_t(*slot), root_dir() + "/roce", t.sock_buf, &rerr))
+        log().warn("{}: no RoCE v2 port, only peers that send to port {} + slot reach this process: {}",
+                   cfg.name, cfg.base_port, rerr);
       nic = std::move(u);
     } else if (cfg.backend == Backend::ofi) {
 #ifdef USRC_HAVE_OFI

@@ -230,8 +230,11 @@ int resolve_ip(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t *ip_out)
   return 0;
 }
 
-// A QP's UDP port from its QPN's slot (0: no QP can have that QPN).
-static uint16_t port_of_qpn(const DeviceConfig &cfg, uint32_t qpn) {
+// A QP's UDP port: on another host the RoCE v2 port (IBA A17.2.1), every
+// QP's; else (or in the slot scheme) from its QPN's slot (0: no QP can
+// have that QPN). docs/design.md "Addressing".
+static uint16_t port_of_qpn(const DeviceConfig &cfg, uint32_t ip, uint32_t qpn) {
+  if (cfg.roce_port && (ip >> 24) != 127 && ip != cfg.ipv4) return cfg.roce_port;
   const uint32_t slot = slot_of_qpn(qpn & wire::kMask24);
   return slot == 0 || slot > kMaxSlots || cfg.base_port + slot > 65535 ? 0 : uint16_t(cfg.base_port + slot);
 }
@@ -241,7 +244,7 @@ static int resolve_peer(const DeviceConfig &cfg, const ibv_ah_attr &ah, uint32_t
                         net::Endpoint *peer) {
   uint32_t ip;
   if (int e = resolve_ip(cfg, ah, &ip)) return e;
-  const uint16_t port = port_of_qpn(cfg, dest_qpn);
+  const uint16_t port = port_of_qpn(cfg, ip, dest_qpn);
   if (!port) return EINVAL;
   *peer = {ip, port};
   return 0;
@@ -480,7 +483,7 @@ static inline int check_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t *len_ou
 // a QPN that some QP can have (*port: its UDP port).
 static int check_ud_wr(const Qp *qp, const ibv_send_wr &wr, uint64_t len, uint16_t *port) {
   const DeviceConfig &cfg = qp->ctx->cfg();
-  *port = port_of_qpn(cfg, wr.wr.ud.remote_qpn);
+  *port = port_of_qpn(cfg, wr.wr.ud.ah ? to_ah(wr.wr.ud.ah)->dest.peer.ip : 0, wr.wr.ud.remote_qpn);
   if ((wr.opcode != IBV_WR_SEND && wr.opcode != IBV_WR_SEND_WITH_IMM) || len > cfg.active_mtu || !wr.wr.ud.ah ||
       prot_pd(wr.wr.ud.ah->pd) != prot_pd(qp->vqp.qp.pd) || !*port)
     return EINVAL;

@@ -176,6 +176,7 @@ int link_add(const LinkAddArgs &a) {
   if (backend == Backend::xdp) c.active_mtu = std::min<uint32_t>(c.active_mtu, 2048);
   if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
   c.base_port = static_cast<uint16_t>(a.port);
+  c.roce_port = static_cast<uint16_t>(a.roce_port);
   c.backend = *backend;
   c.provider = a.provider;
   c.node_guid = make_guid(a.name, c.ipv4);
@@ -205,6 +206,11 @@ int link_add(const LinkAddArgs &a) {
     for (int i = 0; i < 4; i++) g[12 + i] = uint8_t(ad.ip >> (24 - 8 * i));
     gids.push_back(g);
   }
+  // RoCE peers (rxe, mlx5) have their IPv4-mapped GID at index 1, and
+  // their users say so (`ibv_rc_pingpong -g 1`, perftest `-x 1`); index 0
+  // is their IPv6 link-local, which usrc, IPv4 only, could not route. So
+  // index 1 repeats index 0: both indices name the first address.
+  if (c.link_layer == LinkLayer::roce && !gids.empty()) gids.insert(gids.begin() + 1, gids[0]);
   c.gid_tbl_len = static_cast<uint32_t>(gids.size());
 
   try {
@@ -312,7 +318,7 @@ int link_del(const std::string &name) {
   return 0;
 }
 
-// `netdev IF [type ib|roce] [port P] [backend B] [provider P] [sa ADDR[:PORT]]`, iproute2
+// `netdev IF [type ib|roce] [port P] [roce_port P] [backend B] [provider P] [sa ADDR[:PORT]]`, iproute2
 // style: "" when good, else what is wrong.
 std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &a) {
   for (size_t i = 0; i < words.size(); i += 2) {
@@ -328,8 +334,12 @@ std::string link_words(const std::vector<std::string_view> &words, LinkAddArgs &
       auto p = config::to_uint(v, 65535);
       if (!p) return "bad port '" + v + "'";
       a.port = static_cast<int>(*p);
+    } else if (k == "roce_port") {
+      auto p = config::to_uint(v, 65535);
+      if (!p) return "bad roce_port '" + v + "'";
+      a.roce_port = static_cast<int>(*p);
     } else {
-      return "unknown keyword '" + k + "' (expected netdev, type, port, backend, provider, sa)";
+      return "unknown keyword '" + k + "' (expected netdev, type, port, roce_port, backend, provider, sa)";
     }
   }
   if (a.netdev.empty()) return "link needs 'netdev IFNAME'";

@@ -72,6 +72,7 @@ std::string DeviceConfig::serialize() const {
     << "lid=" << lid << "\n"
     << "active_mtu=" << active_mtu << "\n"
     << "base_port=" << base_port << "\n"
+    << "roce_port=" << roce_port << "\n"
     << "node_guid=0x" << std::hex << node_guid << std::dec << "\n"
     << "gid_tbl_len=" << gid_tbl_len << "\n"
     << "backend=" << backend_name(backend) << "\n";
@@ -107,6 +108,7 @@ std::optional<DeviceConfig> DeviceConfig::parse(const std::string &text, std::st
     else if (k == "lid") return number(c.lid, UINT16_MAX);
     else if (k == "active_mtu") return number(c.active_mtu, UINT32_MAX);
     else if (k == "base_port") return number(c.base_port, UINT16_MAX);
+    else if (k == "roce_port") return number(c.roce_port, UINT16_MAX);
     else if (k == "node_guid") return number(c.node_guid, UINT64_MAX, true);
     else if (k == "gid_tbl_len") return number(c.gid_tbl_len, UINT32_MAX);
     else if (k == "backend") {

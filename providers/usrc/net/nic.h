@@ -41,6 +41,9 @@ struct RxPacket {
   // From a process of this host and user, through memory only it and we
   // can write (a shared-memory ring): may carry direct-placement notices.
   bool trusted = false;
+  // The UDP port it arrived at: 0, local().port; else the RoCE v2 port
+  // (net/roce_port.h), which the ICRC covers in its place.
+  uint16_t dst_port = 0;
 };
 
 // Direct placement (same-host peers whose memory the backend can reach):
@@ -117,6 +120,9 @@ class Nic {
   // A file descriptor that becomes readable when packets arrive (for the
   // progress thread's poll), or -1 if the backend has none.
   virtual int wait_fd() const = 0;
+  // The socket bound to local() (what a same-host peer checks, net/shm.h),
+  // when it is not wait_fd().
+  virtual int bound_fd() const { return wait_fd(); }
   // Sends as many packets as it can; returns how many datagrams were sent
   // (a segmented packet counts its segments; the rest are dropped: the
   // transport retransmits).
@@ -167,6 +173,7 @@ class NicDecorator : public Nic {
  public:
   Endpoint local() const override { return inner_->local(); }
   int wait_fd() const override { return inner_->wait_fd(); }
+  int bound_fd() const override { return inner_->bound_fd(); }
   size_t send(std::span<const TxPacket> pkts) override { return inner_->send(pkts); }
   size_t recv(std::span<RxPacket> out) override { return inner_->recv(out); }
   bool rx_pending() const override { return inner_->rx_pending(); }

@@ -476,7 +476,7 @@ void ShmNic::serve() {
     }
     if (n == sizeof a && a.magic == kHsMagic && std::memcmp(a.nonce, q.nonce.get(), 16) == 0) {
       const HsGrant g{kHsMagic};
-      const int fds[2] = {own_fd_, inner_->wait_fd()};
+      const int fds[2] = {own_fd_, inner_->bound_fd()};
       send_fds(q.fd, &g, sizeof g, fds);
     }
     ::close(q.fd);

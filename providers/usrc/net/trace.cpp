@@ -13,6 +13,7 @@
 
 #include "usrc/net/ipv4.h"
 #include "usrc/wire/hdr.h"
+#include "usrc/wire/icrc.h"
 
 namespace usrc::net {
 
@@ -164,10 +165,17 @@ size_t TraceNic::recv(std::span<RxPacket> out) {
   size_t n = inner_->recv(out);
   for (size_t i = 0; i < n; i++) {
     iovec v{const_cast<uint8_t *>(out[i].data), out[i].len};
-    // The IP ID a usrc sender's kernel gave it: its GSO segment index, which
-    // usrc carries in the BTH's reserved bits (wire::Bth::seg).
-    const uint16_t id = out[i].len >= wire::kBthLen ? wire::bth::seg(out[i].data) : 0;
-    record(out[i].src, inner_->local(), 0, 0, id, &v, 1);
+    const Endpoint to{inner_->local().ip, out[i].dst_port ? out[i].dst_port : inner_->local().port};
+    // The IP ID its sender's kernel gave it (a GSO segment's index, a RoCE
+    // NIC's counter), which the ICRC tells (wire::solve_ip_id); else 0.
+    uint16_t id = 0;
+    if (out[i].len >= wire::kMinPacketLen) {
+      iovec body{v.iov_base, v.iov_len - wire::kIcrcLen};
+      const uint32_t icrc = wire::icrc::get(out[i].data + out[i].len - wire::kIcrcLen);
+      const uint32_t icrc0 = wire::icrc_ipv4({out[i].src.ip, to.ip, out[i].src.port, to.port}, &body, 1);
+      if (icrc && icrc != icrc0 && !wire::solve_ip_id(icrc0, icrc, out[i].len, &id)) id = 0;
+    }
+    record(out[i].src, to, 0, 0, id, &v, 1);
   }
   if (n) fflush(f_);
   return n;

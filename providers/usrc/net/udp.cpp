@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -95,8 +96,31 @@ void UdpNic::reset_rx_header(size_t i) {
 
 UdpNic::~UdpNic() {
   for (auto &[port, fd] : src_fds_)
-    if (fd != fd_) ::close(fd);
+    if (fd != fd_ && (!roce_ || fd != roce_->fd())) ::close(fd);
+  if (ep_ >= 0) ::close(ep_);
+  roce_.reset();
   ::close(fd_);
+}
+
+bool UdpNic::join_roce(uint16_t port, uint16_t slot, const std::string &registry, uint32_t sock_buf,
+                       std::string *err) {
+  auto r = std::make_unique<RocePort>(local_.ip, port, slot, registry, sock_buf, err);
+  if (r->fd() < 0) return false;
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  if (ep < 0 || ::epoll_ctl(ep, EPOLL_CTL_ADD, fd_, &e) != 0 || ::epoll_ctl(ep, EPOLL_CTL_ADD, r->fd(), &e) != 0) {
+    *err = std::string("epoll: ") + strerror(errno);
+    if (ep >= 0) ::close(ep);
+    return false;
+  }
+  if (gro_) {
+    int one = 1;
+    setsockopt(r->fd(), SOL_UDP, UDP_GRO, &one, sizeof one);
+  }
+  ep_ = ep;
+  roce_ = std::move(r);
+  return true;
 }
 
 // A send-only socket bound to local ip:port for packets with their own UDP
@@ -105,6 +129,8 @@ UdpNic::~UdpNic() {
 // is taken otherwise.
 int UdpNic::source_fd(uint16_t port) {
   if (port == 0 || port == local_.port) return fd_;
+  // (From the RoCE port: its group's socket, never a new member.)
+  if (roce_ && port == roce_->port()) return roce_->fd();
   for (auto &[p, fd] : src_fds_)
     if (p == port) return fd;
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -194,6 +220,13 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
   return dgrams;
 }
 
+int UdpNic::refill(int fd, size_t n) {
+  int r = raw_recvmmsg(fd, rx_msgs_.data(), n, MSG_DONTWAIT);
+  rx_want_ = r <= 0 ? 1 : size_t(r) == n ? 2 * n : size_t(r);
+  rx_more_ = r > 1 && size_t(r) == n;
+  return r;
+}
+
 size_t UdpNic::recv(std::span<RxPacket> out) {
   if (rx_i_ == rx_n_) {
     // Everything handed out: the buffers may be reused. The headers are
@@ -204,10 +237,15 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // datagram (a ping-pong) then costs one receive, not two. A full
     // receive of more than one says a stream is on: more are likely
     // waiting (rx_pending()).
+    // With the RoCE port joined, the two sockets take turns to go first.
     const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
-    int r = raw_recvmmsg(fd_, rx_msgs_.data(), n, MSG_DONTWAIT);
-    rx_want_ = r <= 0 ? 1 : size_t(r) == n ? 2 * n : size_t(r);
-    rx_more_ = r > 1 && size_t(r) == n;
+    rx_roce_ = roce_ && next_roce_;
+    int r = refill(rx_roce_ ? roce_->fd() : fd_, n);
+    if (r <= 0 && roce_) {
+      rx_roce_ = !rx_roce_;
+      r = refill(rx_roce_ ? roce_->fd() : fd_, n);
+    }
+    next_roce_ = roce_ && !rx_roce_;
     if (r <= 0) return 0;
     for (int i = 0; i < r; i++) {
       rx_seg_[i] = 0;
@@ -230,7 +268,8 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     const size_t len = rx_msgs_[rx_i_].msg_len;
     const size_t take = rx_seg_[rx_i_] ? std::min<size_t>(rx_seg_[rx_i_], len - rx_off_) : len;
     out[k++] = {{ntohl(a.sin_addr.s_addr), ntohs(a.sin_port)},
-                static_cast<const uint8_t *>(rx_iov_[rx_i_].iov_base) + rx_off_, take};
+                static_cast<const uint8_t *>(rx_iov_[rx_i_].iov_base) + rx_off_, take, false,
+                rx_roce_ ? roce_->port() : uint16_t(0)};
     rx_off_ += take;
     if (rx_off_ >= len) rx_i_++, rx_off_ = 0;
   }

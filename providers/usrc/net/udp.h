@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "usrc/net/nic.h"
+#include "usrc/net/roce_port.h"
 
 namespace usrc::net {
 
@@ -21,10 +22,16 @@ class UdpNic final : public Nic {
   // gso_segs: the most datagrams per GSO send (0 or 1: no GSO, no GRO).
   static std::unique_ptr<UdpNic> open(Endpoint local, uint32_t sock_buf, uint32_t rx_batch,
                                       uint32_t gso_segs, int *errno_out, std::string *err);
+  // Also receive at the RoCE v2 port shared by the address's contexts
+  // (roce_port.h); false (and *err) if it cannot be had.
+  bool join_roce(uint16_t port, uint16_t slot, const std::string &registry, uint32_t sock_buf,
+                 std::string *err);
   ~UdpNic() override;
 
   Endpoint local() const override { return local_; }
-  int wait_fd() const override { return fd_; }
+  // Both sockets behind one epoll set once the RoCE port is joined.
+  int wait_fd() const override { return ep_ >= 0 ? ep_ : fd_; }
+  int bound_fd() const override { return fd_; }
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return gso_segs_; }
@@ -36,6 +43,11 @@ class UdpNic final : public Nic {
   UdpNic(int fd, Endpoint local, uint32_t rx_batch, uint32_t gso_segs, bool gro);
   int fd_;
   Endpoint local_;
+  std::unique_ptr<RocePort> roce_;
+  int ep_ = -1;
+  bool rx_roce_ = false;   // the datagrams being handed out came from roce_
+  bool next_roce_ = false; // the next empty-queue refill tries roce_ first
+  int refill(int fd, size_t n);
   uint32_t rcvbuf_ = 0;
   uint32_t gso_segs_ = 1;
   bool gro_ = false;

@@ -6,6 +6,7 @@
 #include "usrc/common/log.h"
 #include "usrc/common/random.h"
 #include "usrc/common/tunables.h"
+#include "usrc/net/roce_port.h"
 #include "usrc/rc/packet_view.h"
 #include "usrc/rc/psn.h"
 #include "usrc/wire/icrc.h"
@@ -741,7 +742,35 @@ void Engine::build_acks() {
   ack_list_.clear();
 }
 
-void Engine::handle_packet(const net::RxPacket &pkt) {
+// A datagram that arrived at the RoCE v2 port for another process's slot
+// (the group's steering was stale, net/roce_port.h): to that process's own
+// port, from ours at the RoCE port, behind the sender's endpoint.
+void Engine::roce_forward(const net::RxPacket &pkt, uint32_t slot) {
+  net::ForwardHdr h{net::ForwardHdr::kMagic, pkt.src.ip, pkt.src.port, pkt.dst_port};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(pkt.data), pkt.len}};
+  const net::TxPacket t{{nic_->local().ip, uint16_t(base_port_ + slot)}, iov, 2, 0, 0, roce_port, 0, 1};
+  if (base_port_ + slot <= 65535 && nic_->send({&t, 1}) == 1) count(Counter::roce_forwarded);
+  else count(Counter::unknown_qp_drops);
+}
+
+void Engine::handle_packet(const net::RxPacket &in) {
+  net::RxPacket unwrapped;
+  const net::RxPacket *pp = &in;
+  if (roce_port && in.src.port == roce_port && in.src.ip == nic_->local().ip) {
+    // Handed on by another context of this address (roce_forward). (Only
+    // the RoCE port's group sends from it, and the kernel lets only its
+    // user join.)
+    net::ForwardHdr h;
+    if (in.len < sizeof h || (std::memcpy(&h, in.data, sizeof h), h.magic != net::ForwardHdr::kMagic)) {
+      count(Counter::malformed_drops);
+      return;
+    }
+    unwrapped = {{h.src_ip, h.src_port}, in.data + sizeof h, in.len - sizeof h, false, h.dst_port};
+    pp = &unwrapped;
+  } else if (in.dst_port && in.len >= wire::kBthLen) {
+    if (const uint32_t s = slot_of_qpn(wire::bth::qpn(in.data)); s != slot_ && s != 0) return roce_forward(in, s);
+  }
+  const net::RxPacket &pkt = *pp;
   if (fast_ack(pkt)) return;
   count(Counter::rx_packets);
   count(Counter::rx_bytes, pkt.len);
@@ -756,9 +785,13 @@ void Engine::handle_packet(const net::RxPacket &pkt) {
   const bool no_icrc = v.p.icrc == 0 && (pkt.trusted || nic_->same_host(pkt.src));
   if (tun_.icrc_check && !no_icrc) {
     iovec iov{const_cast<uint8_t *>(pkt.data), pkt.len - wire::kIcrcLen};
-    wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port, nic_->local().port};
-    ip.ip_id = v.p.h.bth.seg;   // its index in the sender's GSO send
-    if (wire::icrc_ipv4(ip, &iov, 1) != v.p.icrc) {
+    const wire::Ipv4Pseudo ip{pkt.src.ip, nic_->local().ip, pkt.src.port,
+                              pkt.dst_port ? pkt.dst_port : nic_->local().port};
+    // Sent with IP ID 0 (one usrc datagram), or another that the ICRC
+    // tells (a GSO segment's index, rxe's counter): wire::solve_ip_id.
+    const uint32_t icrc0 = wire::icrc_ipv4(ip, &iov, 1);
+    uint16_t id;
+    if (icrc0 != v.p.icrc && !wire::solve_ip_id(icrc0, v.p.icrc, pkt.len, &id)) {
       count(Counter::malformed_drops);
       return;
     }
@@ -856,9 +889,8 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
                     grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.attr.peer && g->tos == qp.attr.tos &&
                     g->ttl == qp.attr.ttl && g->src_port == qp.attr.sport;
   // Its index in the group is the IP ID the kernel gives it, which the
-  // ICRC covers; the receiver reads it back from the BTH (wire::Bth::seg).
+  // ICRC covers (the receiver finds it from the ICRC: wire::solve_ip_id).
   const uint16_t seg = join ? g->segs : 0;
-  wire::bth::set_seg(s.hdr, static_cast<uint8_t>(seg));
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback.

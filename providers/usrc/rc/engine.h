@@ -108,9 +108,12 @@ class Engine {
   // (0xC000 | label & 0x3FFF: the peer's path carries the same label, and
   // its packets leave from that port; from its own port where that one
   // could not be bound, see UdpNic::source_fd).
-  static bool from_peer(const Qp &qp, net::Endpoint src) {
+  // (A peer on another host sends to the RoCE v2 port from a port of its
+  // choosing: RoCE v2's source port is flow entropy, IBA A17.3.2.)
+  bool from_peer(const Qp &qp, net::Endpoint src) const {
     const QpAttrs &a = qp.attr;
-    return src.ip == a.peer.ip && (src.port == a.peer.port || (a.sport && src.port == a.sport));
+    return src.ip == a.peer.ip && (src.port == a.peer.port || (a.sport && src.port == a.sport) ||
+                                   (roce_port && a.peer.port == roce_port && !qp.local.same_host));
   }
   // One modify_qp, as the verbs glue (or a test) hands it over once it has
   // checked it (the attributes' values and the state transition, IBA
@@ -168,6 +171,9 @@ class Engine {
   // the datagram's IPv4 header, as RoCE v2 puts it (IBV_WC_GRH); on the
   // InfiniBand link layer there is no GRH and the source is the SLID.
   bool ud_grh_ipv4 = false;
+  // The RoCE v2 port this context also receives at (net/roce_port.h), 0
+  // if none: datagrams there for another process's slot are handed on.
+  uint16_t roce_port = 0;
   // A port with a subnet administrator (docs/sa.md): the LIDs of the
   // registered ports by address, read once when the context opens (never
   // changed after), for a UD completion's SLID; an address not in it has
@@ -466,6 +472,7 @@ class Engine {
   void drop_held(Qp &qp);
   // engine.cpp
   void handle_packet(const net::RxPacket &pkt);
+  void roce_forward(const net::RxPacket &pkt, uint32_t slot);
   void flush_queues(Qp &qp);
   [[gnu::always_inline]] void push(Cq *cq, const Completion &c) {
     if (cq && !cq->push(c)) [[unlikely]] cq_overflow_ = true;

@@ -71,4 +71,70 @@ ParseError check_icrc_ipv4(const Ipv4Pseudo &ip, const uint8_t *buf, size_t len)
   return icrc_ipv4(ip, &iov, 1) == icrc::get(buf + len - kIcrcLen) ? ParseError::ok : ParseError::bad_icrc;
 }
 
+namespace {
+
+constexpr uint32_t kPoly = 0xedb88320;   // CRC-32, reflected
+
+// a * b mod P, polynomials in the reflected order (bit 31 is x^0).
+uint32_t mult_mod(uint32_t a, uint32_t b) {
+  uint32_t p = 0;
+  for (uint32_t m = 1u << 31; m; m >>= 1) {
+    if (a & m) p ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+
+// x^(8n) mod P: what n zero bytes do to a CRC register.
+uint32_t x8n_mod(size_t n) {
+  uint32_t p = 1u << 31, sq = 1u << 23;   // x^0; x^8
+  for (; n; n >>= 1) {
+    if (n & 1) p = mult_mod(p, sq);
+    sq = mult_mod(sq, sq);
+  }
+  return p;
+}
+
+// The CRC register (initial 0, no final XOR) after the two ID bytes.
+uint32_t raw_crc16(uint16_t id) {
+  uint32_t c = 0;
+  for (uint8_t byte : {uint8_t(id >> 8), uint8_t(id)}) {
+    c ^= byte;
+    for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+  }
+  return c;
+}
+
+}  // namespace
+
+bool solve_ip_id(uint32_t icrc0, uint32_t icrc, size_t udp_payload, uint16_t *id) {
+  // The ID is bytes 12-13 of the CRC's input (8 x 0xFF, then the IPv4
+  // header's ID at 4); the rest of the input follows it: the IPv4 header
+  // from 6, the UDP header, the payload without the ICRC.
+  const size_t after = (kIpv4Len - 6) + kUdpLen + (udp_payload - kIcrcLen);
+  const uint32_t shift = x8n_mod(after);
+  // Gaussian elimination over GF(2): basis[b] has its highest set bit b,
+  // and is the effect of the ID bits in comb[b].
+  uint32_t basis[32] = {}, comb[32] = {};
+  for (int bit = 0; bit < 16; bit++) {
+    uint32_t v = mult_mod(raw_crc16(uint16_t(1u << bit)), shift), c = 1u << bit;
+    for (int b = 31; b >= 0 && v; b--) {
+      if (!(v >> b & 1)) continue;
+      if (!basis[b]) {
+        basis[b] = v, comb[b] = c;
+        break;
+      }
+      v ^= basis[b], c ^= comb[b];
+    }
+  }
+  uint32_t d = icrc ^ icrc0, x = 0;
+  for (int b = 31; b >= 0 && d; b--) {
+    if (!(d >> b & 1)) continue;
+    if (!basis[b]) return false;
+    d ^= basis[b], x ^= comb[b];
+  }
+  *id = uint16_t(x);
+  return true;
+}
+
 }  // namespace usrc::wire

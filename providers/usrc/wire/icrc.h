@@ -38,4 +38,15 @@ inline void store_icrc(uint8_t *dst, uint32_t crc) { icrc::put(dst, crc); }
 // right for `ip`, too_short if there is no BTH and ICRC, else bad_icrc.
 ParseError check_icrc_ipv4(const Ipv4Pseudo &ip, const uint8_t *buf, size_t len);
 
+// The IP ID a received packet's ICRC was computed with, which a UDP socket
+// does not show (a GSO send gives segment i ID i; rxe and RoCE NICs count
+// up). CRC-32 is affine over GF(2): the ICRC for ID x is the ICRC for ID 0
+// plus a linear function of x's 16 bits, fixed by the packet's length. So
+// `icrc` (the packet's, for ID 0 `icrc0`, both of a UDP payload of
+// udp_payload bytes, ICRC included) is one of those 65536 values iff the 32
+// equations in 16 unknowns have a solution: *id then. What is left to
+// guard the packet is 16 of the CRC's 32 bits (and the UDP checksum, which
+// the kernel verified if the sender set it).
+bool solve_ip_id(uint32_t icrc0, uint32_t icrc, size_t udp_payload, uint16_t *id);
+
 }  // namespace usrc::wire

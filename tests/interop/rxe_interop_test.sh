@@ -131,7 +131,7 @@ run() {
     failures=$((failures + 1))
     printf '%-14s %-26s %-10s %-5s %s\n' "$set" "${test#*:}" "$dir" "FAIL" >>"$TABLE"
     echo "=== FAIL: $set $test $dir (status $rc)"
-    echo "--- server:"; tail -25 "$out.srv"; echo "--- client:"; tail -25 "$out.cli"
+    echo "--- server:"; tail -40 "$out.srv"; echo "--- client:"; tail -40 "$out.cli"
   else
     printf '%-14s %-26s %-10s %-5s %s\n' "$set" "${test#*:}" "$dir" "ok" "$v" >>"$TABLE"
     note "$set ${test#*:} $dir: ok $v"
@@ -241,6 +241,6 @@ echo
 printf '%-14s %-26s %-10s %-5s %s\n' set test 'client->' result value
 cat "$TABLE"
 rm -f "$TABLE"
-echo "($(($(date +%s) - T0)) s; guest kernel $(ls "$CACHE/kpkg/lib/modules"), TCG unless KVM was usable)"
+echo "($(($(date +%s) - T0)) s; guest kernel $(cat "$CACHE/kver"), TCG unless KVM was usable)"
 [ $failures = 0 ] || fail "$failures failures"
 echo PASS

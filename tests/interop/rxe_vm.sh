@@ -51,18 +51,18 @@ vm_prepare() {
     (cd "$dir" && apt-get download "$kpkg" >download.log 2>&1) || { cat "$dir/download.log" >&2; return 2; }
     deb=$(ls "$dir/${kpkg}"_*.deb | tail -1)
   fi
-  if [ ! -f "$dir/vmlinuz" ] || [ "$deb" -nt "$dir/vmlinuz" ]; then
-    rm -rf "$dir/kpkg" && dpkg -x "$deb" "$dir/kpkg" || return 1
-    kver=$(ls "$dir/kpkg/lib/modules" | head -1)
-    depmod -b "$dir/kpkg" "$kver" && cp "$dir/kpkg/boot/vmlinuz-$kver" "$dir/vmlinuz" || return 1
-  fi
-  kver=$(ls "$dir/kpkg/lib/modules" | head -1)
-  # The initramfs again when an input changed.
-  local inputs=("$(dirname "${BASH_SOURCE[0]}")/rxe_vm_init.sh" /bin/busybox "$@")
+  # The initramfs again when an input changed (the stamp names them all).
+  local inputs=("$(dirname "${BASH_SOURCE[0]}")/rxe_vm_init.sh" /bin/busybox "$deb" "$@")
   local stamp; stamp=$(ls -lL --time-style=+%s "${inputs[@]}" | md5sum | cut -d' ' -f1)
-  if [ -f "$dir/initramfs.cpio.gz" ] && [ "$(cat "$dir/initramfs.stamp" 2>/dev/null)" = "$stamp" ]; then
+  if [ -f "$dir/vmlinuz" ] && [ -f "$dir/initramfs.cpio.gz" ] &&
+     [ "$(cat "$dir/initramfs.stamp" 2>/dev/null)" = "$stamp" ]; then
     return 0
   fi
+  # The package unpacked (400 MB) only while the initramfs is built.
+  rm -rf "$dir/kpkg" && dpkg -x "$deb" "$dir/kpkg" || return 1
+  kver=$(ls "$dir/kpkg/lib/modules" | head -1)
+  depmod -b "$dir/kpkg" "$kver" && cp "$dir/kpkg/boot/vmlinuz-$kver" "$dir/vmlinuz" || return 1
+  echo "$kver" >"$dir/kver"
   vm_log "building the initramfs"
   local r=$dir/root a m line
   rm -rf "$r" && mkdir -p "$r"/usr/{bin,sbin,lib,lib64} "$r"/{proc,sys,dev,tmp,run,share,etc/rxevm,opt/bin}
@@ -95,6 +95,7 @@ vm_prepare() {
   depmod -b "$r" "$kver" || return 1
   (cd "$r" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) | gzip -1 >"$dir/initramfs.cpio.gz" || return 1
   echo "$stamp" >"$dir/initramfs.stamp"
+  rm -rf "$dir/kpkg" "$r"
   vm_log "initramfs $(du -h "$dir/initramfs.cpio.gz" | cut -f1) (kernel $kver)"
 }
 

@@ -26,7 +26,8 @@ need_tools qemu-system-x86_64 busybox cpio depmod apt-get dpkg tcpdump tshark nf
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ] || { echo "no rxe provider (ibverbs-providers)"; exit 77; }
 MTUS=${RXEVM_MTUS:-1500 9000} LOSS=${RXEVM_LOSS:-5} LOSS_MTUS=${RXEVM_LOSS_MTUS:-1500}
 ONLY=${RXEVM_ONLY:-.}
-TMO=120   # a bound on each run (against hangs: rxe retries forever)
+TMO=90      # a bound on each run (against hangs: rxe retries forever)
+BUDGET=1200 # no run starts after this many seconds (ctest's timeout is 1500)
 T0=$(date +%s)
 
 new_root
@@ -38,6 +39,7 @@ cleanup() {
   rm -rf "$USRC_ROOT"
 }
 trap cleanup EXIT
+trap 'exit 143' INT TERM
 
 bins=()
 for b in ip rdma ibv_devinfo ibv_rc_pingpong ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw \
@@ -88,6 +90,11 @@ run() {
   local port; port=$(pick_port)
   local out=$RUN/out.$$.$port rc=0 id marker=$RUN/share/q/listen.$port
   echo "$test $set $dir" | grep -qE "$ONLY" || return 0
+  if [ $(($(date +%s) - T0)) -gt $BUDGET ]; then
+    failures=$((failures + 1))
+    printf '%-14s %-26s %-10s %-5s %s\n' "$set" "${test#*:}" "$dir" "FAIL" "not run: over ${BUDGET} s" >>"$TABLE"
+    return 0
+  fi
   if [ "$dir" = "usrc->rxe" ]; then
     local hx; hx=$(printf '%04X' "$port")
     id=$(vm_exec -b $TMO "$gprog $gargs -p $port >/tmp/srv.$port 2>&1 & p=\$!
@@ -214,6 +221,16 @@ one_set() {
     failures=$((failures + 1)); echo "FAIL: $set: rxe's counters show errors"
   fi
 }
+
+# The checker and the guest first: rxe against itself (loopback in the guest).
+if vm_exec $TMO "${CHECK##*/} -d rxe0 -g 1 -p 7000 & sleep 1; ${CHECK##*/} -d rxe0 -g 1 -p 7000 $VM_GUEST && wait \$!" \
+     >"$RUN/loopback.out" 2>&1; then
+  note "rxe_check rxe against itself: $(grep -c PASS "$RUN/loopback.out") sides passed"
+  printf '%-14s %-26s %-10s %-5s %s\n' mtu1500 rxe_check "rxe->rxe" ok "data checked (guest loopback)" >>"$TABLE"
+else
+  cat "$RUN/loopback.out"
+  fail "rxe_check fails rxe against itself: the checker or the guest is broken"
+fi
 
 for mtu in $MTUS; do
   vm_set_mtu "$mtu" || fail "MTU $mtu"

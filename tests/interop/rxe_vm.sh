@@ -109,6 +109,7 @@ vm_qemu_pid() {   # the guest's QEMU if it still runs (its pid file and command 
 vm_boot() {
   local dir=$1 mtu=$2
   VM_RUN=$dir/run
+  vm_stop   # what a killed earlier run left
   rm -rf "$VM_RUN" && mkdir -p "$VM_RUN/share/q" || return 1
   ip netns add "$VM_NS" || return 1
   ip -n "$VM_NS" link set lo up

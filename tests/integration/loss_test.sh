@@ -24,7 +24,7 @@ for ns in $A $B; do
 table inet usrcloss {
   chain in {
     type filter hook input priority 0;
-    udp dport 20000-24095 numgen random mod 100 < $PCT counter drop
+    udp dport { 4791, 20000-24095 } numgen random mod 100 < $PCT counter drop
   }
 }
 NFT

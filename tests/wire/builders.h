@@ -36,9 +36,8 @@ inline size_t payload_for(const wire::OpcodeInfo &info, uint32_t salt) {
   return 61 + salt % 4;   // every pad count over the cases
 }
 
-// The headers usrc sends: P_Key 0xffff; M, TVer, F and B 0. The segment
-// index (which the per-packet builders set apart, bth::set_seg or word 1)
-// and every other field vary.
+// The headers usrc sends: P_Key 0xffff; M, TVer, F, B and the reserved
+// bits 0. Every other field varies.
 inline wire::Headers sent_headers(std::mt19937 &rng_, uint8_t op) {
   auto rng = [&] { return uint32_t(rng_()); };
   wire::Headers h;
@@ -47,7 +46,6 @@ inline wire::Headers sent_headers(std::mt19937 &rng_, uint8_t op) {
   h.bth.dest_qp = rng() & wire::kMask24;
   h.bth.ack_req = rng() & 1;
   h.bth.psn = rng() & wire::kMask24;
-  h.bth.seg = uint8_t(rng() & 0x3f);
   h.reth = {uint64_t(rng()) << 32 | rng(), uint32_t(rng()), uint32_t(rng())};
   h.aeth = {uint8_t(rng() & 0x7f), rng() & wire::kMask24};
   h.atomic = {uint64_t(rng()) << 32 | rng(), uint32_t(rng()), uint64_t(rng()) << 32 | rng(),
@@ -102,17 +100,15 @@ inline std::vector<BuildCase> every_opcode_every_builder(uint32_t seed = 7) {
           uint8_t *pay = wire::put_request(p, h.bth.opcode, h.bth.se, len, h.bth.dest_qp, h.bth.ack_req,
                                            h.bth.psn, h.reth.va, h.reth.rkey, h.reth.dma_len,
                                            (m & wire::HAS_IETH) ? h.ieth : h.imm_be, h.xrc_srqn);
-          wire::bth::set_seg(p, h.bth.seg);   // (as a GSO send sets it)
           if (pay != p + info->hdr_len) std::memset(p, 0, wire::kMaxHdrLen);   // (shows as a mismatch)
         }));
       }
       // The in-place path (RC and UC SENDs and WRITEs without invalidate):
-      // BTH word 0 computed at post time, words 1 and 2 (with the segment
-      // index) at send time.
+      // BTH word 0 computed at post time, words 1 and 2 at send time.
       if (request_ext_only && !(m & (wire::HAS_IETH | wire::HAS_XRCETH))) {
         c.built.push_back(run_builder("bth words + put_request_ext", info->hdr_len, [&](uint8_t *p) {
           const uint32_t w0 = wire::bth::word0(h.bth.opcode, h.bth.se, wire::pad_for(len));
-          wire::bth::put_words(p, w0, wire::bth::word1(h.bth.dest_qp, h.bth.seg),
+          wire::bth::put_words(p, w0, wire::bth::word1(h.bth.dest_qp),
                                wire::bth::word2(h.bth.psn, h.bth.ack_req));
           const uint32_t ext = info->mask & (wire::HAS_RETH | wire::HAS_IMMDT);   // (what a WQE keeps)
           uint8_t *pay = wire::put_request_ext(p, ext, h.reth.va, h.reth.rkey, h.reth.dma_len, h.imm_be);
@@ -123,7 +119,6 @@ inline std::vector<BuildCase> every_opcode_every_builder(uint32_t seed = 7) {
         c.built.push_back(run_builder("put_ack", info->hdr_len, [&](uint8_t *p) {
           if (wire::put_ack(p, h.aeth.syndrome, h.aeth.msn, h.bth.dest_qp, h.bth.psn) != info->hdr_len)
             std::memset(p, 0, wire::kMaxHdrLen);
-          wire::bth::set_seg(p, h.bth.seg);
         }));
       }
       cases.push_back(std::move(c));

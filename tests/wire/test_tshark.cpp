@@ -1,7 +1,7 @@
 // Our packets, as tshark's InfiniBand dissector sees them: one packet of
 // each RC opcode (and UD SEND), built with build_headers(), then every
 // opcode through every header builder (builders.h), padded, with a valid
-// ICRC (DF, the IP ID the segment index), in Ethernet/IPv4/UDP to port 4791. tshark must
+// ICRC (DF, IP ID 0), in Ethernet/IPv4/UDP to port 4791. tshark must
 // dissect each as the opcode and header values we meant, and flag nothing
 // as malformed. Exit 77 (skipped) when tshark is not installed.
 #include <arpa/inet.h>
@@ -122,7 +122,6 @@ int main() {
     // Requests go a -> b, responses b -> a; always to the RoCE v2 port.
     const bool req = info->mask & wire::IS_REQUEST;
     wire::Ipv4Pseudo ip{req ? ip_a : ip_b, req ? ip_b : ip_a, 49152, wire::kRoceV2Port};
-    ip.ip_id = it.h.bth.seg;   // (as a GSO send's segment i has IP ID i)
     iovec iov{pkt.data(), pkt.size()};
     const uint32_t crc = wire::icrc_ipv4(ip, &iov, 1);
     pkt.resize(pkt.size() + wire::kIcrcLen);

@@ -366,7 +366,7 @@ bool read_links_conf(const std::string &path, std::vector<LinkAddArgs> &out) {
     return bad;
   });
   if (!why.empty()) {
-    fprintf(stderr, "usrc: %s: %s (expected NAME netdev IF [type ib|roce] [port P] [backend B])\n",
+    fprintf(stderr, "usrc: %s: %s (expected NAME netdev IF [type ib|roce] [port P] [roce_port P] [backend B])\n",
             path.c_str(), why.c_str());
     return false;
   }

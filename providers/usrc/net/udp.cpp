@@ -55,9 +55,8 @@ std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t
     ::close(fd);
     return nullptr;
   }
-  // UDP GSO (Linux 4.18) and GRO (5.0): probed, not assumed. The segment
-  // index rides in a 6-bit field, so at most 64 per send (the kernel's
-  // UDP_MAX_SEGMENTS is 64 or more).
+  // UDP GSO (Linux 4.18) and GRO (5.0): probed, not assumed. At most 64
+  // per send, the kernel's UDP_MAX_SEGMENTS before Linux 6.9.
   int zero = 0, one = 1;
   gso_segs = std::min<uint32_t>(gso_segs, 64);
   if (gso_segs > 1 && setsockopt(fd, SOL_UDP, UDP_SEGMENT, &zero, sizeof zero) != 0) gso_segs = 1;

@@ -496,6 +496,7 @@ void Engine::start_wqe(Qp &qp, SendWqe &w, uint32_t len, uint32_t npkts, bool pl
   w.placed = placed;
   w.small = w.bad = false;
   w.rd_before = qp.req.rd_posted;
+  w.rd_piece = 0;
   w.first_psn = qp.req.next_psn;
 }
 

@@ -23,6 +23,12 @@ struct SendWqe {
   // READs and ATOMICs posted on this QP before this WQE (ReqState::rd_posted at
   // post time): the difference of two gives those between them in O(1).
   uint32_t rd_before = 0;
+  // A READ asked for in pieces: the response packets each READ request
+  // asks for (0: not sent yet). Fixed at the first piece, so that a piece
+  // resent from a gap asks for part of one piece the responder saw, which
+  // is what a responder checks a duplicate READ against (IBA 9.7.5.1.4;
+  // rxe drops one that spans two).
+  uint32_t rd_piece = 0;
   // An RDMA WRITE placed in the peer's memory at post time and completed
   // then: one PSN, sent as a notice (USRC_WRITE_PLACED) without payload.
   bool placed = false;

@@ -56,12 +56,19 @@ void Engine::requester_tx(Qp &qp) {
     // (IBA 9.7.1.2). A large READ is asked for in pieces that fit the window,
     // each a READ request of its own, so that the responses never overrun
     // our receive buffer: flow control for the responder's side too.
+    // The pieces are cut where the first was (SendWqe::rd_piece): a resend
+    // from a response gap asks for the rest of its piece, no more.
     uint32_t next = psn_add(qp.req.tx_psn, 1);
     if (rd) {
-      uint32_t left = static_cast<uint32_t>(psn_diff(psn_add(w.first_psn, w.npkts), qp.req.tx_psn));
+      const uint32_t done = static_cast<uint32_t>(psn_diff(qp.req.tx_psn, w.first_psn));
       uint32_t room = wnd - static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));
-      if (room < left && room < wnd / 4) break;   // no tiny pieces
-      next = psn_add(qp.req.tx_psn, std::min(left, room));
+      if (!w.rd_piece) {
+        if (room < w.npkts && room < wnd / 4) break;   // no tiny pieces
+        w.rd_piece = std::max<uint32_t>(1, std::min(w.npkts, room));
+      }
+      const uint32_t left = std::min(w.npkts, (done / w.rd_piece + 1) * w.rd_piece) - done;
+      if (room < left && room < wnd / 4) break;
+      next = psn_add(qp.req.tx_psn, left);
     }
     if (qp.attr.rate_bps) {
       // Packet pacing: a token bucket of 64 KB at the QP's rate.
@@ -207,9 +214,9 @@ bool Engine::send_direct(Qp &qp) {
   do {
     total = w->pkt_len;
     if (k && (total > seg || p + total > base + cap)) break;
-    // The BTH (with its segment index and AckReq), then RETH and ImmDt as
+    // The BTH (with AckReq), then RETH and ImmDt as
     // the opcode has them, the payload, pad and ICRC.
-    wire::bth::put_words(p, w->bth0, wire::bth::word1(dest, uint8_t(k)), wire::bth::word2(psn, true));
+    wire::bth::put_words(p, w->bth0, wire::bth::word1(dest), wire::bth::word2(psn, true));
     uint8_t *const q = wire::put_request_ext(p, w->reth_immdt, w->wr.remote_va, w->wr.rkey, w->length, w->wr.imm_be);
     const uint32_t len = w->length;
     // (Its buffer unmapped: not sent, see Engine::source_faults.)

@@ -58,7 +58,9 @@ enum class WrOpcode : uint8_t {   // = enum ibv_wr_opcode (the supported subset)
 // What each WR opcode means, and the packets it is made of: the WR
 // opcode table (wr_opcode.h).
 
-constexpr uint32_t kMaxRdAtomic = 16;   // initiator depth and responder resources
+// Initiator depth and responder resources: rxe's 128, since perftest
+// gives its client the server's responder resources as initiator depth.
+constexpr uint32_t kMaxRdAtomic = 128;
 
 enum WrFlags : uint32_t {         // = enum ibv_send_flags
   kFence = 1, kSignaled = 2, kSolicited = 4, kInline = 8,

@@ -57,7 +57,6 @@ inline void put64(uint8_t *p, uint64_t v) {
 //   0: OpCode(8) | SE M PadCnt(2) TVer(4) | P_Key(16)
 //   1: F B resv6(6) | DestQP(24)
 //   2: A resv7(7) | PSN(24)
-// resv6 carries usrc's segment index (Bth::seg in packet.h says why).
 namespace bth {
 inline uint8_t opcode(const uint8_t *b) { return b[0]; }
 inline bool se(const uint8_t *b) { return b[1] & 0x80; }
@@ -69,7 +68,6 @@ inline uint8_t pad_tver(const uint8_t *b) { return b[1] & 0x3f; }
 inline uint16_t pkey(const uint8_t *b) { return be::get16(b + 2); }
 inline bool fecn(const uint8_t *b) { return b[4] & 0x80; }
 inline bool becn(const uint8_t *b) { return b[4] & 0x40; }
-inline uint8_t seg(const uint8_t *b) { return b[4] & 0x3f; }
 inline uint32_t qpn(const uint8_t *b) { return be::get32(b + 4) & kMask24; }
 inline bool ack_req(const uint8_t *b) { return b[8] & 0x80; }
 inline uint32_t psn(const uint8_t *b) { return be::get32(b + 8) & kMask24; }
@@ -82,8 +80,8 @@ constexpr uint32_t word0(uint8_t opcode, bool se, uint8_t pad, bool mig_req = fa
          uint32_t((se ? 0x80 : 0) | (mig_req ? 0x40 : 0) | (pad & 3) << 4 | (tver & 0xf)) << 16 |
          pkey;
 }
-constexpr uint32_t word1(uint32_t qpn, uint8_t seg = 0, bool fecn = false, bool becn = false) {
-  return uint32_t((fecn ? 0x80 : 0) | (becn ? 0x40 : 0) | (seg & 0x3f)) << 24 | (qpn & kMask24);
+constexpr uint32_t word1(uint32_t qpn, bool fecn = false, bool becn = false) {
+  return uint32_t((fecn ? 0x80 : 0) | (becn ? 0x40 : 0)) << 24 | (qpn & kMask24);
 }
 constexpr uint32_t word2(uint32_t psn, bool ack_req) {
   return (ack_req ? 0x80000000u : 0) | (psn & kMask24);
@@ -94,12 +92,11 @@ inline void put_words(uint8_t *b, uint32_t w0, uint32_t w1, uint32_t w2) {
   be::put32(b + 8, w2);
 }
 // The BTH of a packet usrc sends: P_Key 0xffff; M, TVer, F, B and the
-// segment index 0.
+// reserved bits 0.
 inline void put(uint8_t *b, uint8_t opcode, bool se, uint8_t pad, uint32_t qpn, bool ack_req,
                 uint32_t psn) {
   put_words(b, word0(opcode, se, pad), word1(qpn), word2(psn, ack_req));
 }
-inline void set_seg(uint8_t *b, uint8_t seg) { b[4] = uint8_t((b[4] & 0xc0) | (seg & 0x3f)); }
 }  // namespace bth
 
 // RDMA extended transport header (IBA 9.3.3): VA(64) R_Key(32) DMA length(32).

@@ -108,25 +108,37 @@ uint32_t raw_crc16(uint16_t id) {
 }  // namespace
 
 bool solve_ip_id(uint32_t icrc0, uint32_t icrc, size_t udp_payload, uint16_t *id) {
+  if (udp_payload < kIcrcLen) return false;
   // The ID is bytes 12-13 of the CRC's input (8 x 0xFF, then the IPv4
   // header's ID at 4); the rest of the input follows it: the IPv4 header
   // from 6, the UDP header, the payload without the ICRC.
   const size_t after = (kIpv4Len - 6) + kUdpLen + (udp_payload - kIcrcLen);
-  const uint32_t shift = x8n_mod(after);
-  // Gaussian elimination over GF(2): basis[b] has its highest set bit b,
-  // and is the effect of the ID bits in comb[b].
-  uint32_t basis[32] = {}, comb[32] = {};
-  for (int bit = 0; bit < 16; bit++) {
-    uint32_t v = mult_mod(raw_crc16(uint16_t(1u << bit)), shift), c = 1u << bit;
-    for (int b = 31; b >= 0 && v; b--) {
-      if (!(v >> b & 1)) continue;
-      if (!basis[b]) {
-        basis[b] = v, comb[b] = c;
-        break;
+  // The system depends on the length alone, and a stream's packets are
+  // mostly of one length: the last one's elimination is kept.
+  struct Basis {
+    size_t after = SIZE_MAX;
+    // basis[b] has its highest set bit b and is the effect of the ID bits
+    // in comb[b] (Gaussian elimination over GF(2)).
+    uint32_t basis[32], comb[32];
+  };
+  static thread_local Basis m;
+  if (m.after != after) {
+    const uint32_t shift = x8n_mod(after);
+    m.after = after;
+    std::memset(m.basis, 0, sizeof m.basis);
+    for (int bit = 0; bit < 16; bit++) {
+      uint32_t v = mult_mod(raw_crc16(uint16_t(1u << bit)), shift), c = 1u << bit;
+      for (int b = 31; b >= 0 && v; b--) {
+        if (!(v >> b & 1)) continue;
+        if (!m.basis[b]) {
+          m.basis[b] = v, m.comb[b] = c;
+          break;
+        }
+        v ^= m.basis[b], c ^= m.comb[b];
       }
-      v ^= basis[b], c ^= comb[b];
     }
   }
+  const uint32_t *basis = m.basis, *comb = m.comb;
   uint32_t d = icrc ^ icrc0, x = 0;
   for (int b = 31; b >= 0 && d; b--) {
     if (!(d >> b & 1)) continue;

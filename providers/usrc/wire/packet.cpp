@@ -21,7 +21,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out) {
   const HdrOut o{out, info};
   const Bth &b = h.bth;
   bth::put_words(out, bth::word0(b.opcode, b.se, pad_for(payload_len), b.mig_req, b.tver, b.pkey),
-                 bth::word1(b.dest_qp, b.seg, b.fecn, b.becn), bth::word2(b.psn, b.ack_req));
+                 bth::word1(b.dest_qp, b.fecn, b.becn), bth::word2(b.psn, b.ack_req));
   if (o.has(HAS_DETH)) deth::put(o.at(DETH), h.deth.qkey, h.deth.src_qp);
   if (o.has(HAS_RETH)) reth::put(o.at(RETH), h.reth.va, h.reth.rkey, h.reth.dma_len);
   if (o.has(HAS_ATOMICETH))
@@ -46,7 +46,7 @@ ParseError parse(const uint8_t *buf, size_t len, Parsed &out) {
   // written: absent headers as zero.
   const Bth b{bth::opcode(buf), bth::se(buf),   bth::mig_req(buf), bth::pad(buf),
               bth::tver(buf),   bth::pkey(buf), bth::fecn(buf),    bth::becn(buf),
-              bth::qpn(buf),    bth::ack_req(buf), bth::psn(buf),  bth::seg(buf)};
+              bth::qpn(buf),    bth::ack_req(buf), bth::psn(buf)};
   if (b.tver != 0) return ParseError::bad_tver;
   Headers &h = out.h;
   h.bth = b;

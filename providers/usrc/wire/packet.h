@@ -23,12 +23,6 @@ struct Bth {
   uint32_t dest_qp = 0;   // 24 bits
   bool ack_req = false;
   uint32_t psn = 0;       // 24 bits
-  // The 6 reserved bits after FECN/BECN (resv6a). The ICRC masks this byte,
-  // so usrc carries a packet's index within a UDP GSO send here: the kernel
-  // gives segment i of a send IP ID i, which the ICRC covers, and a receiver
-  // that cannot see the IP header takes the ID from this field. Others
-  // send 0 here and ignore it (IBA 9.2: reserved).
-  uint8_t seg = 0;
 };
 struct Reth { uint64_t va = 0; uint32_t rkey = 0; uint32_t dma_len = 0; };
 struct Aeth { uint8_t syndrome = 0; uint32_t msn = 0; };
@@ -111,7 +105,7 @@ size_t build_headers(const Headers &h, size_t payload_len, uint8_t *out);
 
 // The per-packet builders, for paths that build without a Headers struct.
 // Both write what build_headers() writes for a packet usrc sends (P_Key
-// 0xffff; M, TVer, F, B and the segment index 0).
+// 0xffff; M, TVer, F, B and the reserved bits 0).
 //
 // A SEND or RDMA WRITE request's extended headers after the BTH at b: the
 // RETH (va, rkey, dma_len) and the immediate data, or the IETH (the R_Key

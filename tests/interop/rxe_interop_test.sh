@@ -161,9 +161,9 @@ one_set() {
   for _ in $(seq 100); do grep -q "listening on" "$RUN/$set.tcpdump" && break; sleep 0.1; done
   local H="-d rv0" G="-d rxe0"
   local pf="-F -m $m" n=40 o
-  # perftest gives its QP the peer's outstanding READs and atomics (its
-  # device's max_qp_rd_atom: rxe 128, usrc 16); more than a device's own
-  # maximum fails ibv_modify_qp, so both sides say 16.
+  # perftest gives its QP the peer's outstanding READs and atomics (the
+  # peer device's max_qp_rd_atom), which fails ibv_modify_qp where that is
+  # more than this device's own: both sides say 16, whatever the devices'.
   local outs="-o 16"
   for dir in "usrc->rxe" "rxe->usrc"; do
     run ibv_rc_pingpong:rc_pingpong "$set" "$dir" "$H -g $HGID -m $m -c -n 20" "$G -g 1 -m $m -c -n 20"

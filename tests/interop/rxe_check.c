@@ -3,11 +3,13 @@
 // the kernel's rdma_rxe). Plain libibverbs, so the same binary runs on both
 // sides.
 //
-//   server: rxe_check [-d DEV] [-i PORT] [-g GIDX] [-p TCP] [-m MTU] [-u TIMEOUT] [-S MAX]
+//   server: rxe_check [-d DEV] [-i PORT] [-g GIDX] [-p TCP] [-m MTU] [-u TIMEOUT] [-S MAX] [-w SECS]
 //   client: rxe_check [same options] SERVER_ADDR
 //
 // The two sides connect an RC QP over a TCP side channel (as
-// ibv_rc_pingpong does). Then each side in turn is the active one: it
+// ibv_rc_pingpong does; the smaller of the two sides' path MTUs (-m, default
+// the port's active MTU) and largest transfers (-S) apply; -w bounds every
+// wait, against hangs). Then each side in turn is the active one: it
 // sends SENDs, RDMA WRITEs and RDMA READs of several sizes (1 byte to more
 // than one MTU, several packets), and ATOMIC FETCH_ADD and CMP_SWAP, while
 // the passive side posts receives, fills and checks its memory as the
@@ -421,17 +423,19 @@ int main(int argc, char **argv) {
   if (!tin || !tout) die("fdopen");
   char gs[40], line[256];
   for (int i = 0; i < 16; i++) sprintf(gs + 2 * i, "%02x", gid.raw[i]);
-  say("%04x %06x %06x %08x %016" PRIx64 " %016" PRIx64 " %d %s", pa.lid, s.qp->qp_num, psn,
-      s.mr->rkey, (uint64_t)(uintptr_t)s.r, (uint64_t)(uintptr_t)s.atom, mtu, gs);
+  say("%04x %06x %06x %08x %016" PRIx64 " %016" PRIx64 " %d %zu %s", pa.lid, s.qp->qp_num, psn,
+      s.mr->rkey, (uint64_t)(uintptr_t)s.r, (uint64_t)(uintptr_t)s.atom, mtu, max, gs);
   hear(line, sizeof line);
   unsigned rlid, rqpn, rpsn, rkey;
   int rmtu;
+  size_t rmax;
   char rgs[40];
-  if (sscanf(line, "%x %x %x %x %" SCNx64 " %" SCNx64 " %d %39s", &rlid, &rqpn, &rpsn, &rkey,
-             &s.raddr, &s.ratom, &rmtu, rgs) != 8 || strlen(rgs) != 32)
+  if (sscanf(line, "%x %x %x %x %" SCNx64 " %" SCNx64 " %d %zu %39s", &rlid, &rqpn, &rpsn,
+             &rkey, &s.raddr, &s.ratom, &rmtu, &rmax, rgs) != 9 || strlen(rgs) != 32)
     die("bad connection message from the peer: '%s'", line);
   s.rkey = rkey;
-  if (rmtu < mtu) mtu = rmtu;  // the smaller path MTU of the two
+  if (rmtu < mtu) mtu = rmtu;     // the smaller path MTU of the two
+  if (rmax < s.max) s.max = rmax;  // and the smaller largest transfer
   union ibv_gid rgid;
   for (int i = 0; i < 16; i++) sscanf(rgs + 2 * i, "%2hhx", &rgid.raw[i]);
 
@@ -471,7 +475,7 @@ int main(int argc, char **argv) {
   if (strcmp(line, "READY")) die("expected READY from the peer, got '%s'", line);
 
   printf("%s: %s qpn 0x%06x <-> 0x%06x, path MTU %d, sizes 1 to %zu B\n", who,
-         ibv_get_device_name(d), s.qp->qp_num, rqpn, mtu, max);
+         ibv_get_device_name(d), s.qp->qp_num, rqpn, mtu, s.max);
   // The client is active first, then the server.
   if (peer) {
     active(&s, 1000, mtu);

@@ -16,6 +16,10 @@ PKGS="$PKGS sockperf gnuplot-nox time stress-ng"
 PKGS="$PKGS ucx-utils openmpi-bin libopenmpi-dev mpich libmpich-dev"
 # librdmacm's programs (tests/integration/rdmacm_test.sh).
 PKGS="$PKGS rdmacm-utils"
+# The rxe interop test (tests/interop/): QEMU, an initramfs of busybox and
+# the host's programs, the rxe provider, captures on the guest's tap. Its
+# kernel is Debian's own, fetched with `apt-get download`.
+PKGS="$PKGS qemu-system-x86 busybox-static cpio kmod ibverbs-providers tcpdump"
 # Packaging (tests/packaging/package_test.sh): the .deb and the .rpm.
 PKGS="$PKGS debhelper dpkg-dev fakeroot lintian rpm"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)

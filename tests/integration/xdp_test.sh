@@ -16,8 +16,13 @@ veth_pair $A $B xa$$ xb$$ 10.203.0
 # base port 20000, so a QPN-derived port means the same on both sides.
 ip netns exec $A "$USRC" link add da netdev xa$$ backend xdp || fail "link add A xdp"
 ip netns exec $B "$USRC" link add db netdev xb$$ backend xdp || fail "link add B xdp"
-ip netns exec $A "$USRC" link add ua netdev xa$$ || fail "link add A udp"
-ip netns exec $B "$USRC" link add ub netdev xb$$ || fail "link add B udp"
+# xdp devices receive at base + slot alone (the slot scheme); udp devices
+# that talk to them must send there too: roce_port 0. A udp device cannot
+# ask for the RoCE port on xdp.
+ip netns exec $A "$USRC" link add ua netdev xa$$ roce_port 0 || fail "link add A udp"
+ip netns exec $B "$USRC" link add ub netdev xb$$ roce_port 0 || fail "link add B udp"
+ip netns exec $A "$USRC" link add dx netdev xa$$ backend xdp roce_port 4791 2>/dev/null &&
+  fail "link add: roce_port accepted on the xdp backend"
 probe=$(ip netns exec $A timeout 20 "$USRC" exec -- ibv_devinfo -d da 2>&1)
 if echo "$probe" | grep -q "built without"; then echo "$probe"; exit 77; fi
 OUT=$(mktemp /tmp/usrc-out.XXXXXX)

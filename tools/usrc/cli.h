@@ -13,7 +13,7 @@ struct LinkAddArgs {
   std::string name, netdev, type = "ib", backend = "udp", provider;
   std::string sa;   // ADDR[:PORT] of the subnet administrator (docs/sa.md), or ""
   int port = 20000;
-  int roce_port = 4791;   // 0: none (the slot scheme alone)
+  int roce_port = -1;   // 0: none (the slot scheme alone); -1: 4791 on the udp backend, else none
 };
 int link_add(const LinkAddArgs &a);
 int link_del(const std::string &name);

@@ -176,7 +176,11 @@ int link_add(const LinkAddArgs &a) {
   if (backend == Backend::xdp) c.active_mtu = std::min<uint32_t>(c.active_mtu, 2048);
   if (!c.active_mtu) return fail(a.netdev + " MTU " + std::to_string(mtu) + " is too small");
   c.base_port = static_cast<uint16_t>(a.port);
-  c.roce_port = static_cast<uint16_t>(a.roce_port);
+  // The RoCE v2 port is the udp backend's (its contexts share it: a kernel
+  // socket group); xdp and ofi contexts receive at base + slot alone.
+  if (a.roce_port > 0 && backend != Backend::udp)
+    return fail("roce_port needs the udp backend (xdp and ofi devices use the slot scheme: roce_port 0)");
+  c.roce_port = static_cast<uint16_t>(a.roce_port < 0 ? (backend == Backend::udp ? 4791 : 0) : a.roce_port);
   c.backend = *backend;
   c.provider = a.provider;
   c.node_guid = make_guid(a.name, c.ipv4);

@@ -1197,6 +1197,11 @@ void Cm::on_rep(Id *id, const Msg &m) {
 
 void Cm::on_rej(Id *id, const Msg &m) {
   if (id->st != St::req_sent && id->st != St::rep_sent && id->st != St::rep_rcvd) return;
+  // A REQ refused at once for want of a listener (a kernel CM does; usrc
+  // waits for the REQ's resend, child()) is resent once first, as its
+  // timer has it: perftest -R's server makes its listener just after its
+  // first connection's exchange tells the client to connect again.
+  if (id->st == St::req_sent && m.reason == kRejInvalidServiceId && id->retries_left == kCmRetries) return;
   id->st = St::closed;
   id->deadline = UINT64_MAX;
   queue(id, kRejected, m.reason, m.priv, m.priv_len);

@@ -300,7 +300,7 @@ class HostNet final : public Net {
         }
         for (size_t k = 2; k < fds.size(); k++) {
           if (!fds[k].revents) continue;
-          for (int i = 0; i < 64 && receive(gsis_[k - 2], 0); i++) {
+          for (int i = 0; i < 64 && receive(gsis_[k - 2]); i++) {
           }
         }
       }
@@ -319,7 +319,7 @@ class HostNet final : public Net {
       g = gsis_;
     }
     for (const Gsi &x : g) {
-      for (int i = 0; i < 256 && receive(x, MSG_DONTWAIT); i++) {
+      for (int i = 0; i < 256 && receive(x); i++) {
       }
     }
   }
@@ -395,11 +395,12 @@ class HostNet final : public Net {
   // the context that gets it hands it on to port base (rc/engine.cpp
   // roce_forward) behind the sender's endpoint: from our own address and
   // that port, which only the group's user can bind (net/roce_port.h).
-  bool receive(const Gsi &g, int flags) {
+  // (Without waiting: the RoCE port's socket blocks.)
+  bool receive(const Gsi &g) {
     uint8_t buf[sizeof(FwdHdr) + 2048];
     sockaddr_in from{};
     socklen_t fl = sizeof from;
-    ssize_t n = recvfrom(g.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), flags,
+    ssize_t n = recvfrom(g.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), MSG_DONTWAIT,
                          reinterpret_cast<sockaddr *>(&from), &fl);
     if (n < 0) return false;
     uint32_t src_ip = ntohl(from.sin_addr.s_addr);

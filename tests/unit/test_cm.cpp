@@ -343,6 +343,8 @@ void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &
   std::memcpy(c.conn_param.private_data, "helo", 4);
   c.conn_param.valid = 1;
   REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  Msg req, rep;
+  REQUIRE(decode(w.out.at(0).bytes.data(), kMadLen, req) == MadError::ok);
   deliver(w, a, b);
   REQUIRE(b.next_event() == 4);   // CONNECT_REQUEST
   CHECK(b.last.uid == 100);
@@ -358,6 +360,7 @@ void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &
   ac.conn_param.rnr_retry_count = 7;
   ac.conn_param.valid = 1;
   REQUIRE(b.cmd(RDMA_USER_CM_CMD_ACCEPT, ac) == 0);
+  REQUIRE(decode(w.out.at(0).bytes.data(), kMadLen, rep) == MadError::ok);
   deliver(w, a, b);
   REQUIRE(a.next_event() == 5);   // CONNECT_RESPONSE
   CHECK(a.last.param.conn.qp_num == 0x2002);
@@ -367,6 +370,12 @@ void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &
   deliver(w, a, b);
   REQUIRE(b.next_event() == 9);   // ESTABLISHED
   CHECK(b.last.uid == 300);
+  // A REQ's or REP's starting PSN is its sender's receive PSN (the kernel's
+  // ib_cm; a kernel peer sends from it).
+  CHECK(a.qp_attr(aid, IBV_QPS_RTR).rq_psn == req.psn);
+  CHECK(b.qp_attr(bid, IBV_QPS_RTR).rq_psn == rep.psn);
+  CHECK(a.qp_attr(aid, IBV_QPS_RTS).sq_psn == rep.psn);
+  CHECK(b.qp_attr(bid, IBV_QPS_RTS).sq_psn == req.psn);
 }
 
 }  // namespace
@@ -508,6 +517,43 @@ TEST_CASE("CM: an unanswered REQ is resent, then UNREACHABLE", "[cm]") {
   CHECK(w.out.size() == 4);   // the REQ and 3 resends
   CHECK(e.event == 7);        // UNREACHABLE
   CHECK(static_cast<int32_t>(e.status) == -ETIMEDOUT);
+}
+
+TEST_CASE("CM: a REQ refused at once for no listener is resent once, then REJECTED", "[cm]") {
+  Wire w;
+  Side a(w, kIpA, 1);
+  uint32_t aid = a.create(1);
+  rdma_ucm_resolve_ip ri{};
+  ri.dst_addr = sin(kIpB, 5000);
+  ri.id = aid;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
+  REQUIRE(a.next_event() == 0);
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
+  REQUIRE(a.next_event() == 2);
+  rdma_ucm_connect c{};
+  c.id = aid;
+  c.conn_param.qp_num = 0x1001;
+  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  REQUIRE(w.out.size() == 1);
+  Msg req;
+  REQUIRE(decode(w.out[0].bytes.data(), kMadLen, req) == MadError::ok);
+  // (A kernel CM, as rxe's, refuses at once.)
+  Msg rej;
+  rej.attr = Attr::rej;
+  rej.local_comm = 0x2000001;
+  rej.remote_comm = req.local_comm;
+  rej.reason = kRejInvalidServiceId;
+  uint8_t mad[kMadLen];
+  encode(rej, mad);
+  a.cm.on_mad(a.net.dev_, kIpB, mad, sizeof mad);
+  rdma_ucm_event_resp e{};
+  CHECK(a.event(e) == EAGAIN);
+  w.now += 2'000'000'000;
+  a.cm.tick();
+  REQUIRE(w.out.size() == 2);   // resent
+  a.cm.on_mad(a.net.dev_, kIpB, mad, sizeof mad);
+  REQUIRE(a.next_event() == 8);   // REJECTED
+  CHECK(a.last.status == kRejInvalidServiceId);
 }
 
 TEST_CASE("CM: commands the kernel refuses are refused alike", "[cm]") {

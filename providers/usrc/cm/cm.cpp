@@ -594,7 +594,11 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
         return 0;
       }
       id->local_qpn = c.conn_param.qp_num & 0xffffff;
-      id->sq_psn = rng() & 0xffffff;
+      // A REQ's or REP's starting PSN is the one its sender's receive queue
+      // expects, the other side's send PSN (IBA ch. 12's REQ and REP; the
+      // kernel's ib_cm: rq_psn from what it sends, sq_psn from what it
+      // receives).
+      id->rq_psn = rng() & 0xffffff;
       id->responder_resources = c.conn_param.responder_resources;
       id->initiator_depth = c.conn_param.initiator_depth;
       id->retry_count = std::min<uint8_t>(c.conn_param.retry_count, 7);
@@ -606,7 +610,7 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       m.service_id = kServiceIdTcp | id->dst_port;
       m.ca_guid = id->dev->guid;
       m.qpn = id->local_qpn;
-      m.psn = id->sq_psn;
+      m.psn = id->rq_psn;
       m.responder_resources = id->responder_resources;
       m.initiator_depth = id->initiator_depth;
       m.remote_cm_timeout = m.local_cm_timeout = kCmTimeout;
@@ -690,7 +694,7 @@ ssize_t Cm::dispatch(File *f, const rdma_ucm_cmd_hdr &h, const uint8_t *in, size
       id->srq = c.conn_param.srq;
       Msg m = base_msg(id, Attr::rep);
       m.qpn = id->local_qpn;
-      m.psn = id->sq_psn;
+      m.psn = id->rq_psn;
       m.responder_resources = id->responder_resources;
       m.initiator_depth = id->initiator_depth;
       m.rnr_retry_count = id->rnr_retry_count;
@@ -1061,10 +1065,10 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
   if (id->dev->link_layer == LinkLayer::ib) id->dlid = m.local_lid;   // (the sender's, as its SA or scheme gave it)
   id->local_comm = new_comm();
   id->remote_qpn = m.qpn;
-  id->rq_psn = m.psn;
-  // Chosen now: librdmacm moves the QP to RTS (INIT_QP_ATTR) before ACCEPT.
+  id->sq_psn = m.psn;   // (the REQ's: what its sender's receive queue expects)
+  // Chosen now: librdmacm moves the QP to RTR and RTS (INIT_QP_ATTR) before ACCEPT.
   static thread_local std::minstd_rand rng(std::random_device{}());
-  id->sq_psn = rng() & 0xffffff;
+  id->rq_psn = rng() & 0xffffff;
   // The request's view turned to ours (the kernel's cm_format_req_event).
   id->responder_resources = m.initiator_depth;
   id->initiator_depth = m.responder_resources;
@@ -1180,7 +1184,7 @@ void Cm::on_rep(Id *id, const Msg &m) {
   if (id->st != St::req_sent) return;   // a duplicate
   id->remote_comm = m.local_comm;
   id->remote_qpn = m.qpn;
-  id->rq_psn = m.psn;
+  id->sq_psn = m.psn;   // (the REP's: what its sender's receive queue expects)
   id->rnr_retry_count = m.rnr_retry_count;
   // What the passive side gives us bounds what we use (IBA 12.7.26, .30).
   id->initiator_depth = std::min(id->initiator_depth, m.responder_resources);
@@ -1193,6 +1197,11 @@ void Cm::on_rep(Id *id, const Msg &m) {
 
 void Cm::on_rej(Id *id, const Msg &m) {
   if (id->st != St::req_sent && id->st != St::rep_sent && id->st != St::rep_rcvd) return;
+  // A REQ refused at once for want of a listener (a kernel CM does; usrc
+  // waits for the REQ's resend, child()) is resent once first, as its
+  // timer has it: perftest -R's server makes its listener just after its
+  // first connection's exchange tells the client to connect again.
+  if (id->st == St::req_sent && m.reason == kRejInvalidServiceId && id->retries_left == kCmRetries) return;
   id->st = St::closed;
   id->deadline = UINT64_MAX;
   queue(id, kRejected, m.reason, m.priv, m.priv_len);

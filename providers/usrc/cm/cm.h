@@ -34,6 +34,9 @@ struct Device {
   uint64_t guid = 0;        // host byte order
   uint32_t ipv4 = 0;        // host byte order
   uint16_t base_port = 0;   // its GSI (QP1) listens at ipv4:base_port
+  // The RoCE v2 port (net/roce_port.h) peers on other hosts send to, QP1's
+  // MADs among the rest; 0: none (base_port, the slot scheme).
+  uint16_t roce_port = 0;
   LinkLayer link_layer = LinkLayer::ib;
   uint8_t mtu = 3;          // IBA MTU code of the active MTU
   uint8_t sgid_index = 0;   // the GID table's entry of ::ffff:ipv4

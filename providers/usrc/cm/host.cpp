@@ -30,11 +30,13 @@
 #include <fstream>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
 #include "usrc/cm/sa.h"
 #include "usrc/common/guard.h"
+#include "usrc/net/roce_port.h"
 #include "usrc/net/trace.h"
 #include "usrc/wire/hdr.h"
 #include "usrc/wire/icrc.h"
@@ -127,6 +129,8 @@ class HostNet final : public Net {
       v.guid = c->node_guid;
       v.ipv4 = c->ipv4;
       v.base_port = c->base_port;
+      // (As the context does: a UDP backend on an address other hosts reach.)
+      if (c->roce_port && (c->ipv4 >> 24) != 127 && c->backend == Backend::udp) v.roce_port = c->roce_port;
       v.lid = c->lid;
       v.sa_ip = c->sa_ip;
       v.sa_port = c->sa_port;
@@ -190,18 +194,22 @@ class HostNet final : public Net {
     uint8_t pkt[kFrameLen];
     frame(mad, static_cast<uint32_t>(++psn_), pkt);
     uint32_t crc = 0;
-    if (!local_ip(dst_ip, from.ipv4)) {
-      wire::Ipv4Pseudo ip{from.ipv4, dst_ip, s.port, from.base_port};
+    // To another host's QP1 at the RoCE v2 port, as a kernel CM (rxe) has
+    // it, from an unconnected socket (IP ID 0, which the ICRC assumes).
+    const bool local = local_ip(dst_ip, from.ipv4);
+    const uint16_t dport = !local && from.roce_port ? from.roce_port : from.base_port;
+    if (!local) {
+      wire::Ipv4Pseudo ip{from.ipv4, dst_ip, s.port, dport};
       iovec v{pkt, kFrameLen - 4};
       crc = wire::icrc_ipv4(ip, &v, 1);
     }
     wire::store_icrc(pkt + kFrameLen - 4, crc);
-    net::trace_datagram({from.ipv4, s.port}, {dst_ip, from.base_port}, pkt, sizeof pkt);
+    net::trace_datagram({from.ipv4, s.port}, {dst_ip, dport}, pkt, sizeof pkt);
     if (dst_ip == from.ipv4 && hand_local(from, s.port, pkt, sizeof pkt)) return;
     sockaddr_in to{};
     to.sin_family = AF_INET;
     to.sin_addr.s_addr = htonl(dst_ip);
-    to.sin_port = htons(from.base_port);
+    to.sin_port = htons(dport);
     (void)sendto(s.fd, pkt, sizeof pkt, 0, reinterpret_cast<sockaddr *>(&to), sizeof to);
   }
 
@@ -292,16 +300,7 @@ class HostNet final : public Net {
         }
         for (size_t k = 2; k < fds.size(); k++) {
           if (!fds[k].revents) continue;
-          const Gsi &g = gsis_[k - 2];
-          for (int i = 0; i < 64; i++) {
-            sockaddr_in from{};
-            socklen_t fl = sizeof from;
-            ssize_t n = recvfrom(g.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), 0,
-                                 reinterpret_cast<sockaddr *>(&from), &fl);
-            if (n < 0) break;
-            demux(g.dev, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), buf,
-                  static_cast<size_t>(n));
-
+          for (int i = 0; i < 64 && receive(gsis_[k - 2]); i++) {
           }
         }
       }
@@ -319,15 +318,8 @@ class HostNet final : public Net {
       std::lock_guard l(gsi_mu_);
       g = gsis_;
     }
-    uint8_t buf[sizeof(FwdHdr) + 2048];
     for (const Gsi &x : g) {
-      for (int i = 0; i < 256; i++) {
-        sockaddr_in from{};
-        socklen_t fl = sizeof from;
-        ssize_t n = recvfrom(x.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), MSG_DONTWAIT,
-                             reinterpret_cast<sockaddr *>(&from), &fl);
-        if (n < 0) break;
-        demux(x.dev, ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), buf, static_cast<size_t>(n));
+      for (int i = 0; i < 256 && receive(x); i++) {
       }
     }
   }
@@ -340,6 +332,9 @@ class HostNet final : public Net {
   struct Gsi {
     Device dev;
     int fd;
+    // The device's RoCE v2 port, where this socket is QP1's (slot 0's)
+    // member of the group (net/roce_port.h); null: its port `base`.
+    std::shared_ptr<net::RocePort> roce;
   };
 
   std::string service_path(uint64_t sid) const {
@@ -383,16 +378,86 @@ class HostNet final : public Net {
         continue;
       }
       std::lock_guard l(gsi_mu_);
-      gsis_.push_back({d, fd});
+      gsis_.push_back({d, fd, nullptr});
+      // Peers on other hosts send to the RoCE v2 port: the group steers
+      // QP1's slot to the owner (a context that gets it all the same, the
+      // steering stale, hands it on to port base).
+      if (d.roce_port) {
+        std::string err;
+        auto r = std::make_shared<net::RocePort>(d.ipv4, d.roce_port, 0, root_dir() + "/roce", 1u << 20, &err);
+        if (r->fd() >= 0) gsis_.push_back({d, r->fd(), std::move(r)});
+      }
     }
   }
 
-  // A datagram at a GSI this process owns: to its process. buf has room
-  // for a FwdHdr before the datagram (at buf + sizeof(FwdHdr)).
-  void demux(const Device &dev, uint32_t src_ip, uint16_t src_port, uint8_t *buf, size_t n) {
+  // One datagram from a GSI socket this process owns, handed on; false if
+  // there was none. From another host it reaches the RoCE v2 port, where
+  // the context that gets it hands it on to port base (rc/engine.cpp
+  // roce_forward) behind the sender's endpoint: from our own address and
+  // that port, which only the group's user can bind (net/roce_port.h).
+  // (Without waiting: the RoCE port's socket blocks.)
+  bool receive(const Gsi &g) {
+    uint8_t buf[sizeof(FwdHdr) + 2048];
+    sockaddr_in from{};
+    socklen_t fl = sizeof from;
+    ssize_t n = recvfrom(g.fd, buf + sizeof(FwdHdr), sizeof buf - sizeof(FwdHdr), MSG_DONTWAIT,
+                         reinterpret_cast<sockaddr *>(&from), &fl);
+    if (n < 0) return false;
+    uint32_t src_ip = ntohl(from.sin_addr.s_addr);
+    uint16_t src_port = ntohs(from.sin_port), dst_port = g.roce ? g.dev.roce_port : g.dev.base_port;
+    uint8_t *b = buf;
+    if (g.roce) {
+      const uint8_t *pkt = buf + sizeof(FwdHdr);
+      const uint32_t slot = static_cast<size_t>(n) >= wire::kBthLen ? slot_of_qpn(wire::bth::qpn(pkt)) : 0;
+      if (slot) roce_forward(g, {src_ip, src_port}, pkt, static_cast<size_t>(n), slot);
+      else demux(g.dev, src_ip, src_port, dst_port, b, static_cast<size_t>(n));
+      return true;
+    }
+    if (g.dev.roce_port && src_ip == g.dev.ipv4 && src_port == g.dev.roce_port) {
+      net::ForwardHdr h;
+      if (static_cast<size_t>(n) < sizeof h ||
+          (std::memcpy(&h, buf + sizeof(FwdHdr), sizeof h), h.magic != net::ForwardHdr::kMagic)) {
+        count(g.dev, Counter::cm_rcvd);
+        count(g.dev, Counter::cm_dropped);
+        return true;
+      }
+      src_ip = h.src_ip;
+      src_port = h.src_port;
+      dst_port = h.dst_port;
+      b += sizeof h;   // (demux writes its FwdHdr over ours)
+      n -= sizeof h;
+    }
+    demux(g.dev, src_ip, src_port, dst_port, b, static_cast<size_t>(n));
+    return true;
+  }
+
+  // A datagram for another slot at QP1's member of the RoCE v2 port's
+  // group (its steering stale): to that slot's port, as a context hands it
+  // on (rc/engine.cpp roce_forward).
+  void roce_forward(const Gsi &g, net::Endpoint src, const uint8_t *pkt, size_t n, uint32_t slot) {
+    if (g.dev.base_port + slot > 65535) return;
+    net::ForwardHdr h{net::ForwardHdr::kMagic, src.ip, src.port, g.dev.roce_port};
+    iovec v[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(pkt), n}};
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(g.dev.ipv4);
+    to.sin_port = htons(static_cast<uint16_t>(g.dev.base_port + slot));
+    msghdr m{};
+    m.msg_name = &to;
+    m.msg_namelen = sizeof to;
+    m.msg_iov = v;
+    m.msg_iovlen = 2;
+    (void)sendmsg(g.fd, &m, MSG_DONTWAIT);
+  }
+
+  // A datagram at a GSI this process owns (sent to dst_port): to its
+  // process. buf has room for a FwdHdr before the datagram (at buf +
+  // sizeof(FwdHdr)).
+  void demux(const Device &dev, uint32_t src_ip, uint16_t src_port, uint16_t dst_port, uint8_t *buf,
+             size_t n) {
     uint8_t *pkt = buf + sizeof(FwdHdr);
     const uint8_t *mad = unframe(pkt, n);
-    if (!mad || !icrc_ok(dev, src_ip, src_port, pkt, n)) {
+    if (!mad || !icrc_ok(dev, src_ip, src_port, dst_port, pkt, n)) {
       count(dev, Counter::cm_rcvd);
       count(dev, Counter::cm_dropped);
       return;
@@ -415,7 +480,7 @@ class HostNet final : public Net {
         return;
       }
     }
-    net::trace_datagram({src_ip, src_port}, {dev.ipv4, dev.base_port}, pkt, n);
+    net::trace_datagram({src_ip, src_port}, {dev.ipv4, dst_port}, pkt, n);
     cm_->on_mad(dev, src_ip, mad, kMadLen);
   }
 
@@ -463,10 +528,17 @@ class HostNet final : public Net {
     cm_->on_mad(dev, src_ip, mad, kMadLen);
   }
 
-  bool icrc_ok(const Device &dev, uint32_t src_ip, uint16_t src_port, const uint8_t *pkt, size_t n) {
-    if (wire::icrc::get(pkt + n - 4) == 0) return local_ip(src_ip, dev.ipv4);
-    wire::Ipv4Pseudo ip{src_ip, dev.ipv4, src_port, dev.base_port};
-    return wire::check_icrc_ipv4(ip, pkt, n) == wire::ParseError::ok;
+  // (A kernel CM's datagrams have IP IDs of a counter, which the ICRC
+  // covers and a UDP socket does not show: wire::solve_ip_id finds one.)
+  bool icrc_ok(const Device &dev, uint32_t src_ip, uint16_t src_port, uint16_t dst_port,
+               const uint8_t *pkt, size_t n) {
+    const uint32_t icrc = wire::icrc::get(pkt + n - 4);
+    if (icrc == 0) return local_ip(src_ip, dev.ipv4);
+    wire::Ipv4Pseudo ip{src_ip, dev.ipv4, src_port, dst_port};
+    iovec v{const_cast<uint8_t *>(pkt), n - 4};
+    const uint32_t icrc0 = wire::icrc_ipv4(ip, &v, 1);
+    uint16_t id;
+    return icrc0 == icrc || wire::solve_ip_id(icrc0, icrc, n, &id);
   }
 
   std::string dir_;

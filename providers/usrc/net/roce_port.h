@@ -35,8 +35,9 @@ struct ForwardHdr {
   uint16_t dst_port;    // where it arrived (the ICRC covers it)
 };
 
-// The classic BPF program: steers by slot to the index listed for it;
-// any other slot (QP1's 0 among them) falls back to the kernel's hash.
+// The classic BPF program: steers by slot to the index listed for it (QP1's
+// slot 0 to the host's GSI owner, cm/host.cpp, once it has joined); any
+// other slot falls back to the kernel's hash.
 // slots[i] is the slot of the group's socket i. At most kMaxSteered.
 constexpr size_t kMaxSteered = 2000;
 struct BpfInsn {

@@ -749,7 +749,9 @@ void Engine::build_acks() {
 
 // A datagram that arrived at the RoCE v2 port for another process's slot
 // (the group's steering was stale, net/roce_port.h): to that process's own
-// port, from ours at the RoCE port, behind the sender's endpoint.
+// port, from ours at the RoCE port, behind the sender's endpoint. Slot 0
+// (QP1: CM MADs from another host, which the steering leaves to the
+// kernel's hash) goes to port base, the GSI owner's (cm/host.cpp).
 void Engine::roce_forward(const net::RxPacket &pkt, uint32_t slot) {
   net::ForwardHdr h{net::ForwardHdr::kMagic, pkt.src.ip, pkt.src.port, pkt.dst_port};
   iovec iov[2] = {{&h, sizeof h}, {const_cast<uint8_t *>(pkt.data), pkt.len}};
@@ -773,7 +775,7 @@ void Engine::handle_packet(const net::RxPacket &in) {
     unwrapped = {{h.src_ip, h.src_port}, in.data + sizeof h, in.len - sizeof h, false, h.dst_port};
     pp = &unwrapped;
   } else if (in.dst_port && in.len >= wire::kBthLen) {
-    if (const uint32_t s = slot_of_qpn(wire::bth::qpn(in.data)); s != slot_ && s != 0) return roce_forward(in, s);
+    if (const uint32_t s = slot_of_qpn(wire::bth::qpn(in.data)); s != slot_) return roce_forward(in, s);
   }
   const net::RxPacket &pkt = *pp;
   if (fast_ack(pkt)) return;

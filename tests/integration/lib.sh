@@ -38,6 +38,18 @@ wait_listen() {   # wait_listen [netns] port
   return 1
 }
 
+# wait_service PS PORT: an rdma_cm listener of this USRC_ROOT registered
+# the port's service ID (PS: RDMA_PS_TCP 0x0106, RDMA_PS_UDP 0x0111).
+wait_service() {
+  local f i
+  f=$(printf 's%016x' $(( ($1 << 16) + $2 )))
+  for i in $(seq 100); do
+    ls "$USRC_ROOT"/cm/*/"$f" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # run_pair NAME SERVER_NS CLIENT_NS SERVER_ADDR TIMEOUT -- PROGRAM [ARGS...]
 # Runs PROGRAM as server and as client (client gets SERVER_ADDR appended),
 # both through `usrc exec`; both must exit 0. Server output in $OUT.srv,

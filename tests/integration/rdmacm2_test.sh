@@ -23,18 +23,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_service PS PORT: a listener registered the port's service ID
-# (RDMA_PS_TCP 0x0106, RDMA_PS_UDP 0x0111).
-wait_service() {
-  local f i
-  f=$(printf 's%016x' $(( ($1 << 16) + $2 )))
-  for i in $(seq 100); do
-    ls "$USRC_ROOT"/cm/*/"$f" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
 # pair NAME SERVER_NS CLIENT_NS WAIT -- SERVER_CMD... -- CLIENT_CMD...: the
 # server and the client through `usrc exec` (PRE: environment for both),
 # both must exit 0. WAIT is how to know the server is up: "tcp PORT" or

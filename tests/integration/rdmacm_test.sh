@@ -16,17 +16,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_service PORT: a listener registered the port's service ID.
-wait_service() {
-  local f i
-  f=$(printf 's%016x' $(( 0x01060000 + $1 )))
-  for i in $(seq 100); do
-    ls "$USRC_ROOT"/cm/*/"$f" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  return 1
-}
-
 # pair NAME SERVER_NS CLIENT_NS -- SERVER_CMD... -- CLIENT_CMD...: the
 # server and the client through `usrc exec`, both must exit 0. PORT is set.
 pair() {
@@ -37,7 +26,7 @@ pair() {
   local out=/tmp/usrc-out.cm.$$
   ${sns:+ip netns exec $sns} timeout 60 "$USRC" exec -- "${srv[@]}" >$out.srv 2>&1 &
   local spid=$!
-  wait_service $PORT || { kill $spid; cat $out.srv; fail "$name: server did not listen"; }
+  wait_service 0x0106 $PORT || { kill $spid; cat $out.srv; fail "$name: server did not listen"; }
   ${cns:+ip netns exec $cns} timeout 60 "$USRC" exec -- "${cli[@]}" >$out.cli 2>&1
   local crc=$?
   wait $spid; local src=$?

@@ -22,7 +22,7 @@ VM_TAP=rxvtap1
 VM_NET=${VM_NET:-10.232.0}
 VM_HOST=$VM_NET.1
 VM_GUEST=$VM_NET.2
-VM_MODULES="virtio_pci virtio_net 9pnet_virtio 9p crc32_generic crc32_pclmul rdma_rxe ib_uverbs"
+VM_MODULES="virtio_pci virtio_net 9pnet_virtio 9p crc32_generic crc32_pclmul rdma_rxe ib_uverbs rdma_ucm"
 VM_RUN=
 VM_SEQ=0
 

@@ -673,12 +673,8 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   // built, for the next transmit (the next post_send or progress), if
   // their QPs answer what they receive (see replies()).
   if (app && !acks_held_ && tx_nslots_ == 0 && !ack_list_.empty() && replies()) {
-    if (hold_off_ == 0) {
-      acks_held_ = true;
-      held_at_ = now;
-      return received;
-    }
-    hold_off_--;
+    acks_held_ = true;
+    return received;
   }
   tx_flush();
   check_faults();
@@ -953,7 +949,6 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
 }
 
 void Engine::tx_flush() {
-  if (acks_held_ && stamp() - held_at_ > kAckHoldNs) hold_off_ = kHoldOff;
   acks_held_ = false;
   build_acks();
   send_batch();

@@ -244,13 +244,6 @@ class Engine {
   // one read that needs no lock: kick() makes it after releasing the lock,
   // while another thread may hold it.
   uint64_t next_deadline() const { return next_deadline_.load(std::memory_order_relaxed); }
-  // progress(app) holds the ACKs of the requests it receives for the reply
-  // it expects. A hold longer than kAckHoldNs (no reply came: the
-  // application went on to other things, or closes) stops the holding for
-  // kHoldOff chances: the peer's probe would resend what the ACK was to
-  // confirm, or the connection's end (a DREQ) overtake the ACK.
-  static constexpr uint64_t kAckHoldNs = 50'000;
-  static constexpr uint32_t kHoldOff = 64;
   net::Nic &nic() { return *nic_; }
   // The NIC's same-host short cuts (net::LocalPeers), or one that has none
   // (whose calls answer "not here").
@@ -582,8 +575,6 @@ class Engine {
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
-  uint64_t held_at_ = 0;         // ... since then
-  uint32_t hold_off_ = 0;
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;
   bool grp_open_ = false;

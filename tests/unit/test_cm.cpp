@@ -244,6 +244,18 @@ class FakeNet : public Net {
   uint32_t slot_;
 };
 
+sockaddr_in6 sin(uint32_t ip, uint16_t port) {
+  sockaddr_in6 s6{};
+  sockaddr_in s{};
+  s.sin_family = AF_INET;
+  s.sin_addr.s_addr = htonl(ip);
+  s.sin_port = htons(port);
+  std::memcpy(&s6, &s, sizeof s);
+  return s6;
+}
+
+constexpr uint32_t kIpA = 0x0a000001, kIpB = 0x0a000002;
+
 struct Side {
   Side(Wire &w, uint32_t ip, uint32_t slot) : net(w, ip, slot), cm(net), file(cm.open(-1)) {
     file->nonblocking = true;
@@ -285,6 +297,27 @@ struct Side {
     else REQUIRE(e == 0);
     return r;
   }
+  // A new id (user id uid) with its address and route resolved to ip:port.
+  uint32_t resolve(uint64_t uid, uint32_t ip, uint16_t port, bool ud = false) {
+    uint32_t id = create(uid, ud);
+    rdma_ucm_resolve_ip ri{};
+    ri.dst_addr = sin(ip, port);
+    ri.id = id;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
+    REQUIRE(next_event() == 0);   // ADDR_RESOLVED
+    REQUIRE(cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{id, 100}) == 0);
+    REQUIRE(next_event() == 2);   // ROUTE_RESOLVED
+    return id;
+  }
+  // A new RC id (user id 1) that sends a REQ for ip:port with QP 0x1001.
+  uint32_t connect_to(uint32_t ip, uint16_t port) {
+    uint32_t id = resolve(1, ip, port);
+    rdma_ucm_connect c{};
+    c.id = id;
+    c.conn_param.qp_num = 0x1001;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+    return id;
+  }
   FakeNet net;
   Cm cm;
   std::unique_ptr<File> file;
@@ -303,18 +336,6 @@ void deliver(Wire &w, Side &a, Side &b) {
   }
 }
 
-sockaddr_in6 sin(uint32_t ip, uint16_t port) {
-  sockaddr_in6 s6{};
-  sockaddr_in s{};
-  s.sin_family = AF_INET;
-  s.sin_addr.s_addr = htonl(ip);
-  s.sin_port = htons(port);
-  std::memcpy(&s6, &s, sizeof s);
-  return s6;
-}
-
-constexpr uint32_t kIpA = 0x0a000001, kIpB = 0x0a000002;
-
 // A connects to B's listener on port 5000; ids returned.
 void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &bid) {
   lid = b.create(100);
@@ -324,14 +345,7 @@ void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &
   REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
   REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
 
-  aid = a.create(200);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);   // ADDR_RESOLVED
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);   // ROUTE_RESOLVED
+  aid = a.resolve(200, kIpB, 5000);
   rdma_ucm_connect c{};
   c.id = aid;
   c.conn_param.qp_num = 0x1001;
@@ -495,18 +509,7 @@ TEST_CASE("CM: bad, unknown and duplicate MADs are counted and dropped or refuse
 TEST_CASE("CM: an unanswered REQ is resent, then UNREACHABLE", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1);
-  uint32_t aid = a.create(1);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
-  rdma_ucm_connect c{};
-  c.id = aid;
-  c.conn_param.qp_num = 0x1001;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  a.connect_to(kIpB, 5000);
   rdma_ucm_event_resp e{};
   int r = EAGAIN;
   for (int i = 0; i < 10 && (r = a.event(e)) == EAGAIN; i++) {
@@ -522,18 +525,7 @@ TEST_CASE("CM: an unanswered REQ is resent, then UNREACHABLE", "[cm]") {
 TEST_CASE("CM: a REQ refused at once for no listener is resent once, then REJECTED", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1);
-  uint32_t aid = a.create(1);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
-  rdma_ucm_connect c{};
-  c.id = aid;
-  c.conn_param.qp_num = 0x1001;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  a.connect_to(kIpB, 5000);
   REQUIRE(w.out.size() == 1);
   Msg req;
   REQUIRE(decode(w.out[0].bytes.data(), kMadLen, req) == MadError::ok);
@@ -599,14 +591,7 @@ namespace {
 // A asks B's UD service on port 6000 for its QPN and Q_Key (SIDR). Returns
 // A's id and B's new id (after CONNECT_REQUEST).
 void sidr_request(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &bid, uint16_t port = 6000) {
-  aid = a.create(200, true);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, port);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
+  aid = a.resolve(200, kIpB, port, true);
   int err = -1;
   ib_uverbs_qp_attr init = a.qp_attr(aid, IBV_QPS_INIT);
   CHECK((init.qp_attr_mask & IBV_QP_QKEY));
@@ -733,14 +718,7 @@ TEST_CASE("CM: a SIDR REQ refused, unanswered, or for no listener", "[cm]") {
   CHECK(a.last.status == kSidrNoService);
 
   // Nobody answers at all: resent, then UNREACHABLE, -ETIMEDOUT.
-  uint32_t aid3 = a.create(201, true);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 6002);
-  ri.id = aid3;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid3, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
+  uint32_t aid3 = a.resolve(201, kIpB, 6002, true);
   rdma_ucm_connect c{};
   c.id = aid3;
   c.conn_param.valid = 1;

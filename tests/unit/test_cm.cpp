@@ -297,6 +297,16 @@ struct Side {
     else REQUIRE(e == 0);
     return r;
   }
+  // A new id (user id uid) listening on ip:port.
+  uint32_t listen(uint64_t uid, uint32_t ip, uint16_t port, bool ud = false) {
+    uint32_t id = create(uid, ud);
+    rdma_ucm_bind_ip bi{};
+    bi.addr = sin(ip, port);
+    bi.id = id;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+    REQUIRE(cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{id, 8}) == 0);
+    return id;
+  }
   // A new id (user id uid) with its address and route resolved to ip:port.
   uint32_t resolve(uint64_t uid, uint32_t ip, uint16_t port, bool ud = false) {
     uint32_t id = create(uid, ud);
@@ -338,13 +348,7 @@ void deliver(Wire &w, Side &a, Side &b) {
 
 // A connects to B's listener on port 5000; ids returned.
 void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &bid) {
-  lid = b.create(100);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 5000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
-
+  lid = b.listen(100, kIpB, 5000);
   aid = a.resolve(200, kIpB, 5000);
   rdma_ucm_connect c{};
   c.id = aid;
@@ -633,15 +637,11 @@ TEST_CASE("CM: a response pointer to nowhere is EFAULT, not a crash", "[cm][guar
 TEST_CASE("CM: UD port space, SIDR REQ and REP", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1), b(w, kIpB, 2);
-  uint32_t lid = b.create(100, true);
+  b.listen(100, kIpB, 6000, true);
+  // An RC id may take the same port: another port space.
   rdma_ucm_bind_ip bi{};
   bi.addr = sin(kIpB, 6000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
-  // An RC id may take the same port: another port space.
-  uint32_t rc = b.create(101);
-  bi.id = rc;
+  bi.id = b.create(101);
   CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
 
   uint32_t aid, bid;
@@ -686,12 +686,7 @@ TEST_CASE("CM: UD port space, SIDR REQ and REP", "[cm]") {
 TEST_CASE("CM: a SIDR REQ refused, unanswered, or for no listener", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1), b(w, kIpB, 2);
-  uint32_t lid = b.create(100, true);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 6000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
+  b.listen(100, kIpB, 6000, true);
   uint32_t aid, bid;
   sidr_request(w, a, b, aid, bid);
   REQUIRE(bid != UINT32_MAX);
@@ -745,10 +740,5 @@ TEST_CASE("CM: an accepted connection does not hold its listener's port", "[cm]"
   REQUIRE(b.cmd(RDMA_USER_CM_CMD_DESTROY_ID,
                 rdma_ucm_destroy_id{reinterpret_cast<uintptr_t>(&dr), lid, 0}, sizeof dr) == 0);
   // perftest -R: a new listener on the same port while the first connection lives.
-  uint32_t l2 = b.create(102);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 5000);
-  bi.id = l2;
-  CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  CHECK(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{l2, 8}) == 0);
+  b.listen(102, kIpB, 5000);
 }

@@ -249,16 +249,23 @@ static void do_send(struct side *s, size_t n, uint32_t seed) {
   checks++;
 }
 
+// An RDMA WRITE or READ (op) of n bytes between the local buffer and the
+// peer's at off, posted and completed.
+static void post_rdma(struct side *s, enum ibv_wr_opcode op, size_t off, size_t n) {
+  const int is_write = op == IBV_WR_RDMA_WRITE;
+  const char *what = is_write ? "RDMA WRITE" : "RDMA READ";
+  struct ibv_sge sge = {.addr = (uintptr_t)s->l, .length = (uint32_t)n, .lkey = s->mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = is_write ? 3 : 4, .sg_list = &sge, .num_sge = 1, .opcode = op};
+  wr.wr.rdma.remote_addr = s->raddr + off;
+  wr.wr.rdma.rkey = s->rkey;
+  post_send(s, &wr, what, n);
+  complete(s, is_write ? IBV_WC_RDMA_WRITE : IBV_WC_RDMA_READ, what, n, NULL);
+}
+
 static void do_write(struct side *s, size_t off, size_t n, uint32_t seed) {
   ask("CLEAR");
   fill(s->l, n, seed);
-  struct ibv_sge sge = {.addr = (uintptr_t)s->l, .length = (uint32_t)n, .lkey = s->mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = 3, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE};
-  wr.wr.rdma.remote_addr = s->raddr + off;
-  wr.wr.rdma.rkey = s->rkey;
-  post_send(s, &wr, "RDMA WRITE", n);
-  complete(s, IBV_WC_RDMA_WRITE, "RDMA WRITE", n, NULL);
+  post_rdma(s, IBV_WR_RDMA_WRITE, off, n);
   ask("WROTE %zu %zu %u", off, n, seed);
   checks++;
 }
@@ -267,13 +274,7 @@ static void do_read(struct side *s, size_t off, size_t n, uint32_t seed) {
   char err[160];
   ask("FILL %zu %zu %u", off, n, seed);
   memset(s->l - 1, FILLER_L, s->max + 2);
-  struct ibv_sge sge = {.addr = (uintptr_t)s->l, .length = (uint32_t)n, .lkey = s->mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = 4, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_READ};
-  wr.wr.rdma.remote_addr = s->raddr + off;
-  wr.wr.rdma.rkey = s->rkey;
-  post_send(s, &wr, "RDMA READ", n);
-  complete(s, IBV_WC_RDMA_READ, "RDMA READ", n, NULL);
+  post_rdma(s, IBV_WR_RDMA_READ, off, n);
   if (check(s->l, n, seed, FILLER_L, err, sizeof err)) die("RDMA READ %zu B: %s", n, err);
   checks++;
 }

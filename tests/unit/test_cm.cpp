@@ -244,6 +244,18 @@ class FakeNet : public Net {
   uint32_t slot_;
 };
 
+sockaddr_in6 sin(uint32_t ip, uint16_t port) {
+  sockaddr_in6 s6{};
+  sockaddr_in s{};
+  s.sin_family = AF_INET;
+  s.sin_addr.s_addr = htonl(ip);
+  s.sin_port = htons(port);
+  std::memcpy(&s6, &s, sizeof s);
+  return s6;
+}
+
+constexpr uint32_t kIpA = 0x0a000001, kIpB = 0x0a000002;
+
 struct Side {
   Side(Wire &w, uint32_t ip, uint32_t slot) : net(w, ip, slot), cm(net), file(cm.open(-1)) {
     file->nonblocking = true;
@@ -285,6 +297,37 @@ struct Side {
     else REQUIRE(e == 0);
     return r;
   }
+  // A new id (user id uid) listening on ip:port.
+  uint32_t listen(uint64_t uid, uint32_t ip, uint16_t port, bool ud = false) {
+    uint32_t id = create(uid, ud);
+    rdma_ucm_bind_ip bi{};
+    bi.addr = sin(ip, port);
+    bi.id = id;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
+    REQUIRE(cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{id, 8}) == 0);
+    return id;
+  }
+  // A new id (user id uid) with its address and route resolved to ip:port.
+  uint32_t resolve(uint64_t uid, uint32_t ip, uint16_t port, bool ud = false) {
+    uint32_t id = create(uid, ud);
+    rdma_ucm_resolve_ip ri{};
+    ri.dst_addr = sin(ip, port);
+    ri.id = id;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
+    REQUIRE(next_event() == 0);   // ADDR_RESOLVED
+    REQUIRE(cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{id, 100}) == 0);
+    REQUIRE(next_event() == 2);   // ROUTE_RESOLVED
+    return id;
+  }
+  // A new RC id (user id 1) that sends a REQ for ip:port with QP 0x1001.
+  uint32_t connect_to(uint32_t ip, uint16_t port) {
+    uint32_t id = resolve(1, ip, port);
+    rdma_ucm_connect c{};
+    c.id = id;
+    c.conn_param.qp_num = 0x1001;
+    REQUIRE(cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+    return id;
+  }
   FakeNet net;
   Cm cm;
   std::unique_ptr<File> file;
@@ -303,35 +346,10 @@ void deliver(Wire &w, Side &a, Side &b) {
   }
 }
 
-sockaddr_in6 sin(uint32_t ip, uint16_t port) {
-  sockaddr_in6 s6{};
-  sockaddr_in s{};
-  s.sin_family = AF_INET;
-  s.sin_addr.s_addr = htonl(ip);
-  s.sin_port = htons(port);
-  std::memcpy(&s6, &s, sizeof s);
-  return s6;
-}
-
-constexpr uint32_t kIpA = 0x0a000001, kIpB = 0x0a000002;
-
 // A connects to B's listener on port 5000; ids returned.
 void connect(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &lid, uint32_t &bid) {
-  lid = b.create(100);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 5000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
-
-  aid = a.create(200);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);   // ADDR_RESOLVED
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);   // ROUTE_RESOLVED
+  lid = b.listen(100, kIpB, 5000);
+  aid = a.resolve(200, kIpB, 5000);
   rdma_ucm_connect c{};
   c.id = aid;
   c.conn_param.qp_num = 0x1001;
@@ -495,18 +513,7 @@ TEST_CASE("CM: bad, unknown and duplicate MADs are counted and dropped or refuse
 TEST_CASE("CM: an unanswered REQ is resent, then UNREACHABLE", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1);
-  uint32_t aid = a.create(1);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
-  rdma_ucm_connect c{};
-  c.id = aid;
-  c.conn_param.qp_num = 0x1001;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  a.connect_to(kIpB, 5000);
   rdma_ucm_event_resp e{};
   int r = EAGAIN;
   for (int i = 0; i < 10 && (r = a.event(e)) == EAGAIN; i++) {
@@ -522,18 +529,7 @@ TEST_CASE("CM: an unanswered REQ is resent, then UNREACHABLE", "[cm]") {
 TEST_CASE("CM: a REQ refused at once for no listener is resent once, then REJECTED", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1);
-  uint32_t aid = a.create(1);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 5000);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
-  rdma_ucm_connect c{};
-  c.id = aid;
-  c.conn_param.qp_num = 0x1001;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_CONNECT, c) == 0);
+  a.connect_to(kIpB, 5000);
   REQUIRE(w.out.size() == 1);
   Msg req;
   REQUIRE(decode(w.out[0].bytes.data(), kMadLen, req) == MadError::ok);
@@ -599,14 +595,7 @@ namespace {
 // A asks B's UD service on port 6000 for its QPN and Q_Key (SIDR). Returns
 // A's id and B's new id (after CONNECT_REQUEST).
 void sidr_request(Wire &w, Side &a, Side &b, uint32_t &aid, uint32_t &bid, uint16_t port = 6000) {
-  aid = a.create(200, true);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, port);
-  ri.id = aid;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
+  aid = a.resolve(200, kIpB, port, true);
   int err = -1;
   ib_uverbs_qp_attr init = a.qp_attr(aid, IBV_QPS_INIT);
   CHECK((init.qp_attr_mask & IBV_QP_QKEY));
@@ -648,15 +637,11 @@ TEST_CASE("CM: a response pointer to nowhere is EFAULT, not a crash", "[cm][guar
 TEST_CASE("CM: UD port space, SIDR REQ and REP", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1), b(w, kIpB, 2);
-  uint32_t lid = b.create(100, true);
+  b.listen(100, kIpB, 6000, true);
+  // An RC id may take the same port: another port space.
   rdma_ucm_bind_ip bi{};
   bi.addr = sin(kIpB, 6000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
-  // An RC id may take the same port: another port space.
-  uint32_t rc = b.create(101);
-  bi.id = rc;
+  bi.id = b.create(101);
   CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
 
   uint32_t aid, bid;
@@ -701,12 +686,7 @@ TEST_CASE("CM: UD port space, SIDR REQ and REP", "[cm]") {
 TEST_CASE("CM: a SIDR REQ refused, unanswered, or for no listener", "[cm]") {
   Wire w;
   Side a(w, kIpA, 1), b(w, kIpB, 2);
-  uint32_t lid = b.create(100, true);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 6000);
-  bi.id = lid;
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  REQUIRE(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{lid, 8}) == 0);
+  b.listen(100, kIpB, 6000, true);
   uint32_t aid, bid;
   sidr_request(w, a, b, aid, bid);
   REQUIRE(bid != UINT32_MAX);
@@ -733,14 +713,7 @@ TEST_CASE("CM: a SIDR REQ refused, unanswered, or for no listener", "[cm]") {
   CHECK(a.last.status == kSidrNoService);
 
   // Nobody answers at all: resent, then UNREACHABLE, -ETIMEDOUT.
-  uint32_t aid3 = a.create(201, true);
-  rdma_ucm_resolve_ip ri{};
-  ri.dst_addr = sin(kIpB, 6002);
-  ri.id = aid3;
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_IP, ri) == 0);
-  REQUIRE(a.next_event() == 0);
-  REQUIRE(a.cmd(RDMA_USER_CM_CMD_RESOLVE_ROUTE, rdma_ucm_resolve_route{aid3, 100}) == 0);
-  REQUIRE(a.next_event() == 2);
+  uint32_t aid3 = a.resolve(201, kIpB, 6002, true);
   rdma_ucm_connect c{};
   c.id = aid3;
   c.conn_param.valid = 1;
@@ -767,10 +740,5 @@ TEST_CASE("CM: an accepted connection does not hold its listener's port", "[cm]"
   REQUIRE(b.cmd(RDMA_USER_CM_CMD_DESTROY_ID,
                 rdma_ucm_destroy_id{reinterpret_cast<uintptr_t>(&dr), lid, 0}, sizeof dr) == 0);
   // perftest -R: a new listener on the same port while the first connection lives.
-  uint32_t l2 = b.create(102);
-  rdma_ucm_bind_ip bi{};
-  bi.addr = sin(kIpB, 5000);
-  bi.id = l2;
-  CHECK(b.cmd(RDMA_USER_CM_CMD_BIND_IP, bi) == 0);
-  CHECK(b.cmd(RDMA_USER_CM_CMD_LISTEN, rdma_ucm_listen{l2, 8}) == 0);
+  b.listen(102, kIpB, 5000);
 }

@@ -993,21 +993,21 @@ void Cm::on_mad(const Device &dev, uint32_t src_ip, const uint8_t *mad, size_t l
 
 // The passive side of a REQ or SIDR REQ (m) from src_ip:src_port: a new
 // id of the service's listener, its addresses and the request's IDs filled
-// in (and the listener's uid, which its event carries), or nullptr and why
-// not (later: a first request for a service nobody listens on, not
-// answered yet: first_unheard).
-Id *Cm::child(const Device &dev, uint32_t src_ip, const Msg &m, uint16_t src_port, Refusal *why,
-              uint64_t *listener_uid) {
+// in (and the listener's uid, which its event carries), or nullptr, the
+// request refused (refuse called with why) or left for later (a first
+// request for a service nobody listens on, not answered yet: first_unheard).
+Id *Cm::child(const Device &dev, uint32_t src_ip, const Msg &m, uint16_t src_port,
+              uint64_t *listener_uid, const std::function<void(Refusal)> &refuse) {
   auto lit = listeners_.find(m.service_id);
   if (lit == listeners_.end() || (lit->second->src_ip && lit->second->src_ip != dev.ipv4)) {
-    *why = first_unheard(src_ip, m.local_comm) ? Refusal::later : Refusal::no_service;
+    if (!first_unheard(src_ip, m.local_comm)) refuse(Refusal::no_service);
     return nullptr;
   }
   Id *l = lit->second;
   const Device *d = device_for_ip(dev.ipv4);
   Id *id = d ? new_id(l->file, 0) : nullptr;
   if (!id) {
-    *why = d ? Refusal::no_qp : Refusal::no_service;
+    refuse(d ? Refusal::no_qp : Refusal::no_service);
     return nullptr;
   }
   id->ps = l->ps;
@@ -1055,13 +1055,11 @@ void Cm::on_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     drop(dev);
     return reject(kRejInvalidServiceId);
   }
-  Refusal why;
   uint64_t uid;
-  Id *id = child(dev, src_ip, m, ip.src_port, &why, &uid);
-  if (!id) {
-    if (why == Refusal::later) return;
-    return reject(why == Refusal::no_qp ? kRejNoQp : kRejInvalidServiceId);
-  }
+  Id *id = child(dev, src_ip, m, ip.src_port, &uid, [&](Refusal why) {
+    reject(why == Refusal::no_qp ? kRejNoQp : kRejInvalidServiceId);
+  });
+  if (!id) return;
   if (id->dev->link_layer == LinkLayer::ib) id->dlid = m.local_lid;   // (the sender's, as its SA or scheme gave it)
   id->local_comm = new_comm();
   id->remote_qpn = m.qpn;
@@ -1136,13 +1134,11 @@ void Cm::on_sidr_req(const Device &dev, uint32_t src_ip, const Msg &m) {
     drop(dev);
     return answer(kSidrNoService);
   }
-  Refusal why;
   uint64_t uid;
-  Id *id = child(dev, src_ip, m, ip.src_port, &why, &uid);
-  if (!id) {
-    if (why == Refusal::later) return;
-    return answer(why == Refusal::no_qp ? kSidrNoQp : kSidrNoService);
-  }
+  Id *id = child(dev, src_ip, m, ip.src_port, &uid, [&](Refusal why) {
+    answer(why == Refusal::no_qp ? kSidrNoQp : kSidrNoService);
+  });
+  if (!id) return;
   id->ud = true;
   id->mtu = id->dev->mtu;
   queue(id, kConnectRequest, 0, m.priv + kIpHdrLen, kSidrReqPrivate - kIpHdrLen, uid);

@@ -113,9 +113,9 @@ class Cm {
   void drop(const Device &d);
   Msg base_msg(Id *id, Attr a);
 
-  enum class Refusal { later, no_service, no_qp };
-  Id *child(const Device &dev, uint32_t src_ip, const Msg &m, uint16_t src_port, Refusal *why,
-            uint64_t *listener_uid);
+  enum class Refusal { no_service, no_qp };
+  Id *child(const Device &dev, uint32_t src_ip, const Msg &m, uint16_t src_port,
+            uint64_t *listener_uid, const std::function<void(Refusal)> &refuse);
   void on_req(const Device &dev, uint32_t src_ip, const Msg &m);
   void on_rep(Id *id, const Msg &m);
   void on_rej(Id *id, const Msg &m);

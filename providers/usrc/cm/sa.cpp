@@ -657,9 +657,10 @@ int ask(Client &cl, const SaMad &req, Requester::Result &r) {
   return r.status ? EINVAL : 0;
 }
 
-// The UsrcPortRecord that matches q on the comp_mask fields.
-int get_port(Client &cl, const UsrcPortRecord &q, uint64_t comp_mask, UsrcPortRecord *out) {
-  SaMad req = request(kGet, kUsrcPortRecord, 0);
+// The record (attribute attr) that matches q on the comp_mask fields.
+template <class Record>
+int get_record(Client &cl, uint16_t attr, const Record &q, uint64_t comp_mask, Record *out) {
+  SaMad req = request(kGet, attr, 0);
   q.put(req.data);
   req.comp_mask = comp_mask;
   Requester::Result r;
@@ -703,7 +704,7 @@ int resolve_lid(Endpoint sa, uint32_t local_ip, uint16_t lid, uint32_t *ip) {
   if (int e = open_client(cl, local_ip)) return e;
   UsrcPortRecord q, got;
   q.lid = lid;
-  if (int e = get_port(cl, q, UsrcPortRecord::kLid, &got)) return e;
+  if (int e = get_record(cl, kUsrcPortRecord, q, UsrcPortRecord::kLid, &got)) return e;
   if (got.lid != lid || got.ipv4 == 0) return EINVAL;
   cache[key] = {got.ipv4, mono_ns() + kLidCacheNs};
   *ip = got.ipv4;
@@ -715,19 +716,15 @@ int path_to(Endpoint sa, uint32_t local_ip, uint16_t slid, uint32_t dst_ip, Path
   if (int e = open_client(cl, local_ip)) return e;
   UsrcPortRecord q, port;
   q.ipv4 = dst_ip;
-  if (int e = get_port(cl, q, UsrcPortRecord::kIpv4, &port)) return e;
+  if (int e = get_record(cl, kUsrcPortRecord, q, UsrcPortRecord::kIpv4, &port)) return e;
   if (port.ipv4 != dst_ip || port.lid == 0) return EINVAL;
-  SaMad req = request(kGet, kPathRecord, 0);
   PathRecord p;
   p.slid = slid;
   p.dlid = port.lid;
   p.numb_path = 1;
   p.reversible = true;
-  p.put(req.data);
-  req.comp_mask = PathRecord::kSlid | PathRecord::kDlid | PathRecord::kNumbPath | PathRecord::kReversible;
-  Requester::Result r;
-  if (int e = ask(cl, req, r)) return e;
-  out->get(r.payload.data());
+  const uint64_t mask = PathRecord::kSlid | PathRecord::kDlid | PathRecord::kNumbPath | PathRecord::kReversible;
+  if (int e = get_record(cl, kPathRecord, p, mask, out)) return e;
   return out->dlid == port.lid ? 0 : EINVAL;
 }
 

@@ -542,6 +542,47 @@ TEST_CASE("a lost packet nothing reveals is resent by the probe, not the Local A
   CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] > resends);
 }
 
+TEST_CASE("a QP that only reads times its READs: a lost one is resent by the retransmission timer", "[sim]") {
+  Pair p(6);
+  p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s
+  std::vector<uint8_t> remote(64, 7), local(64, 0);
+  p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};
+  p.b.qp->attr.access = kAccessRemoteRead;
+  std::vector<Completion> sc;
+  auto read = [&](uint64_t id) {
+    SendWr w;
+    w.wr_id = id;
+    w.opcode = WrOpcode::rdma_read;
+    w.flags = kSignaled;
+    w.remote_va = 0x100000;
+    w.rkey = 9;
+    w.num_sge = 1;
+    w.sge[0] = {local.data(), 64};
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  };
+  auto done = [&](size_t n) {
+    return [&, n] {
+      auto s = drain(p.a.scq);
+      sc.insert(sc.end(), s.begin(), s.end());
+      return sc.size() == n;
+    };
+  };
+  read(0);   // a round trip measured, by its response alone (no ACK comes)
+  REQUIRE(p.run(done(1)));
+  CHECK(p.a.qp->comp.srtt > 0);
+  // The next READ is lost: no later packet reveals it.
+  p.net.set_faults({.drop = 1.0});
+  read(1);
+  p.net.set_faults({});
+  const uint64_t t0 = p.net.now();
+  REQUIRE(p.run(done(2)));
+  CHECK(sc[1].status == WcStatus::success);
+  CHECK(p.net.now() - t0 < 10'000'000);   // the timer (at least 2 ms), not the 4.3 s timeout
+  CHECK(p.a.e->counters[uint32_t(Counter::rto_resends)] == 1);
+  CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
+  CHECK(std::all_of(local.begin(), local.end(), [](uint8_t b) { return b == 7; }));
+}
+
 TEST_CASE("a silent peer gets the oldest packet alone on each retransmission timeout, the window kept; the answer that shows loss halves it", "[sim]") {
   Pair p(5);
   p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts

@@ -141,21 +141,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   qp.sq.pop(done);
   bool progress = psn_diff(new_una, qp.comp.una_psn) > 0;
   if (progress) {
-    if (qp.comp.rtt_on && psn_lt(qp.comp.rtt_psn, new_una)) {
-      // A round-trip sample: srtt and rttvar as TCP keeps them (RFC 6298).
-      // (Times read once per pass, by two threads: this pass may have
-      // started before the one that sent. No sample then.)
-      const uint64_t t = stamp();
-      if (const uint64_t r = t - qp.comp.rtt_sent; t > qp.comp.rtt_sent && !qp.comp.srtt) {
-        qp.comp.srtt = r;
-        qp.comp.rttvar = r / 2;
-      } else if (t > qp.comp.rtt_sent) {
-        const uint64_t d = r > qp.comp.srtt ? r - qp.comp.srtt : qp.comp.srtt - r;
-        qp.comp.rttvar = (3 * qp.comp.rttvar + d) / 4;
-        qp.comp.srtt = (7 * qp.comp.srtt + r) / 8;
-      }
-      qp.comp.rtt_on = false;
-    }
+    rtt_sample(qp, new_una);
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
     qp.comp.una_psn = new_una;
     if (qp.req.sel.on) sel_acked(qp);
@@ -163,6 +149,29 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   }
   if (gap) implied_nak(qp);
   return progress;
+}
+
+// una moves to new_una: a round-trip sample if the timed packet is
+// answered, srtt and rttvar as TCP keeps them (RFC 6298). An ACK, a READ
+// response and an ATOMIC ACK alike: a QP that only reads times its
+// requests too, so that a lost last response is resent after the
+// retransmission timer, not the Local ACK Timeout.
+void Engine::rtt_sample(Qp &qp, uint32_t new_una) {
+  if (!qp.comp.rtt_on || !psn_lt(qp.comp.rtt_psn, new_una)) return;
+  qp.comp.rtt_on = false;
+  // (Times read once per pass, by two threads: this pass may have started
+  // before the one that sent. No sample then.)
+  const uint64_t t = stamp();
+  if (t <= qp.comp.rtt_sent) return;
+  const uint64_t r = t - qp.comp.rtt_sent;
+  if (!qp.comp.srtt) {
+    qp.comp.srtt = r;
+    qp.comp.rttvar = r / 2;
+    return;
+  }
+  const uint64_t d = r > qp.comp.srtt ? r - qp.comp.srtt : qp.comp.srtt - r;
+  qp.comp.rttvar = (3 * qp.comp.rttvar + d) / 4;
+  qp.comp.srtt = (7 * qp.comp.srtt + r) / 8;
 }
 
 // RDMA READ response packets, in PSN order (IBA 9.7.5.1.4).
@@ -203,6 +212,7 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
   // Into the WQE's local buffers at off (one of them unmapped: a local
   // protection error, IBA 10.8.3.1).
   if (w.bad || !scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
+  rtt_sample(qp, psn_add(psn, 1));
   qp.comp.una_psn = psn_add(psn, 1);
   if (last) complete_head(qp);
   advanced(qp);
@@ -227,6 +237,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   uint64_t orig = v.p.h.atomic_ack;
   if (w.bad || !guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
     return fail_head(qp, WcStatus::loc_prot_err);
+  rtt_sample(qp, psn_add(psn, 1));
   qp.comp.una_psn = psn_add(psn, 1);
   complete_head(qp);
   advanced(qp);

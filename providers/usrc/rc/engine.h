@@ -304,6 +304,7 @@ class Engine {
   void completed(Qp &qp, const SendWqe &w);
   void advanced(Qp &qp);
   void implied_nak(Qp &qp);
+  void rtt_sample(Qp &qp, uint32_t new_una);
   void window_loss(Qp &qp, bool timeout);
   void window_acked(Qp &qp, uint32_t npkts);
   void arm_retransmit(Qp &qp);

@@ -243,6 +243,16 @@ SendWr send_wr(uint8_t *buf, uint32_t len, uint64_t id = 0) {
   return w;
 }
 
+// A signaled RDMA READ or ATOMIC (op) of len bytes into buf, from
+// remote_va under rkey.
+SendWr rdma_wr(WrOpcode op, uint8_t *buf, uint32_t len, uint64_t remote_va, uint32_t rkey, uint64_t id = 0) {
+  SendWr w = send_wr(buf, len, id);
+  w.opcode = op;
+  w.remote_va = remote_va;
+  w.rkey = rkey;
+  return w;
+}
+
 // One receive at b (128 bytes of rx, slot id) and a signaled 100-byte SEND
 // from a.
 void post_small_send(Pair &p, std::vector<uint8_t> &buf, std::vector<uint8_t> &rx, uint64_t id) {
@@ -550,15 +560,7 @@ TEST_CASE("a QP that only reads times its READs: a lost one is resent by the ret
   p.b.qp->attr.access = kAccessRemoteRead;
   std::vector<Completion> sc;
   auto read = [&](uint64_t id) {
-    SendWr w;
-    w.wr_id = id;
-    w.opcode = WrOpcode::rdma_read;
-    w.flags = kSignaled;
-    w.remote_va = 0x100000;
-    w.rkey = 9;
-    w.num_sge = 1;
-    w.sge[0] = {local.data(), 64};
-    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+    REQUIRE(p.a.e->post_send(*p.a.qp, rdma_wr(WrOpcode::rdma_read, local.data(), 64, 0x100000, 9, id)) == 0);
   };
   auto done = [&](size_t n) {
     return [&, n] {
@@ -1013,15 +1015,8 @@ TEST_CASE("RDMA READ: multi-packet, byte-exact, under loss (implied NAK)", "[sim
       uint32_t off = 0;
       std::vector<std::pair<uint32_t, uint32_t>> reads;
       for (uint32_t len : {1u, 1024u, 1025u, 50000u, 0u, 100000u}) {
-        SendWr w;
-        w.wr_id = reads.size();
-        w.opcode = WrOpcode::rdma_read;
-        w.flags = kSignaled;
-        w.remote_va = 0x100000 + off;
-        w.rkey = 9;
-        w.num_sge = 1;
-        w.sge[0] = {local.data() + off, len};
-        REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+        REQUIRE(p.a.e->post_send(*p.a.qp, rdma_wr(WrOpcode::rdma_read, local.data() + off, len, 0x100000 + off, 9,
+                                                  reads.size())) == 0);
         reads.push_back({off, len});
         off += len + 7;
       }
@@ -1061,15 +1056,8 @@ TEST_CASE("ATOMICs execute exactly once under duplication and loss", "[sim]") {
   const int n = 200;
   std::vector<uint64_t> orig(n + 1, 0);
   for (int i = 0; i < n; i++) {
-    SendWr w;
-    w.wr_id = i;
-    w.opcode = WrOpcode::atomic_fetch_add;
-    w.flags = kSignaled;
-    w.remote_va = 0x2000;
-    w.rkey = 3;
+    SendWr w = rdma_wr(WrOpcode::atomic_fetch_add, reinterpret_cast<uint8_t *>(&orig[i]), 8, 0x2000, 3, i);
     w.compare_add = 3;
-    w.num_sge = 1;
-    w.sge[0] = {reinterpret_cast<uint8_t *>(&orig[i]), 8};
     REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   }
   // A compare-and-swap that succeeds, after all the adds.

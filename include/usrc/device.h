@@ -63,6 +63,12 @@ struct DeviceConfig {
   // the address's contexts (net/roce_port.h); 0: the slot scheme alone,
   // peers send to base_port + slot (docs/design.md "Addressing").
   uint16_t roce_port = 4791;
+  // The port a context receives other hosts' packets at: roce_port where
+  // other hosts reach us (a UDP backend on an address outside 127/8), else
+  // 0. (xdp and ofi take their own port, base_port + slot.)
+  uint16_t roce_port_in_use() const {
+    return backend == Backend::udp && (ipv4 >> 24) != 127 ? roce_port : 0;
+  }
   uint64_t node_guid = 0;       // host byte order
   uint32_t gid_tbl_len = 1;     // the GIDs in use (indices 0 .. gid_tbl_len - 1)
   // The port's table (ibv_port_attr.gid_tbl_len): the GIDs in use, then
@@ -151,7 +157,8 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(cm_rcvd, "CM MADs received by this process's connection manager") \
   X(cm_dropped, "CM MADs dropped: malformed, for no connection, or not expected in its state") \
   X(cm_forwarded, "CM MADs the device's GSI owner handed to the process they are for") \
-  X(roce_forwarded, "datagrams that reached this process at the RoCE v2 port (4791) for another, handed on")
+  X(roce_forwarded, "datagrams that reached this process at the RoCE v2 port (4791) for another, handed on") \
+  X(acks_again, "ACKs sent again while a requester that was resending went quiet")
 
 enum class Counter : uint32_t {
 #define USRC_X(name, doc) name,

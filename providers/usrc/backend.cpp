@@ -43,7 +43,7 @@ std::unique_ptr<net::Nic> open_nic(const DeviceConfig &cfg, uint32_t *slot, uint
       // "Addressing"); a loopback address has none but this host's, which
       // send to base_port + slot.
       std::string rerr;
-      if (u && cfg.roce_port && (cfg.ipv4 >> 24) != 127 &&
+      if (u && cfg.roce_port_in_use() &&
           !u->join_roce(cfg.roce_port, uint16_t(*slot), root_dir() + "/roce", t.sock_buf, &rerr))
         log().warn("{}: no RoCE v2 port, only peers that send to port {} + slot reach this process: {}",
                    cfg.name, cfg.base_port, rerr);

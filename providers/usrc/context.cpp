@@ -26,7 +26,7 @@ Context *Context::open(const DeviceConfig &cfg, std::string *err) {
                                             c.get(), c.get());
   c->engine_->max_window = window;
   c->engine_->ud_grh_ipv4 = cfg.link_layer == LinkLayer::roce;
-  if (cfg.roce_port && (cfg.ipv4 >> 24) != 127 && cfg.backend == Backend::udp) c->engine_->roce_port = cfg.roce_port;
+  c->engine_->roce_port = cfg.roce_port_in_use();
   if (cfg.link_layer == LinkLayer::ib && cfg.sa_ip) {
     // The SLIDs of UD completions: the SA's table of ports, asked once
     // (an SA that does not answer leaves it empty: SLID 0).

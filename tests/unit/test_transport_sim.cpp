@@ -876,6 +876,36 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
   }
 }
 
+// (A requester that goes back N may resend what such an ACK covered after
+// the ACK reached it; rxe 6.1 then waits for the resend's own ACK, and
+// hangs if the resend is lost. Engine::ack_again.)
+TEST_CASE("after taking packets kept beyond a gap, the last ACK goes again while the requester is quiet", "[sim]") {
+  Pair p(33);
+  p.a.qp->attr.timeout = 20;
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  std::vector<uint64_t> at;   // when b's ACKs of PSN 63 left
+  p.net.tap = [&](const std::vector<uint8_t> &d) {
+    if (d.size() >= 12 && d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && wire::bth::psn(d.data()) == 63)
+      at.push_back(p.net.now());
+  };
+  REQUIRE(write_losing(p, {62}));   // 63 kept, then taken after 62's resend
+  REQUIRE(ctr(p.b, Counter::held) == 1);
+  CHECK(ctr(p.b, Counter::acks_again) == 0);
+  SECTION("nothing more arrives: four times, 1, 4, 16 and 64 ms apart") {
+    p.run([] { return false; }, p.net.now() + 500'000'000);
+    CHECK(ctr(p.b, Counter::acks_again) == 4);
+    REQUIRE(at.size() == 5);
+    for (size_t i = 1; i < at.size(); i++) CHECK(at[i] - at[i - 1] >= (1'000'000ull << (2 * (i - 1))));
+    CHECK(ctr(p.a, Counter::retransmits) == 1);   // (taken as duplicate ACKs)
+    CHECK(drain(p.a.scq).empty());
+  }
+  SECTION("a new request ends it") {
+    REQUIRE(write_losing(p, {}));
+    p.run([] { return false; }, p.net.now() + 500'000'000);
+    CHECK(ctr(p.b, Counter::acks_again) == 0);
+  }
+}
+
 TEST_CASE("a responder that keeps nothing after a gap gets go-back-N", "[sim]") {
   Pair p(32);
   p.a.qp->attr.timeout = 20;

@@ -129,8 +129,7 @@ class HostNet final : public Net {
       v.guid = c->node_guid;
       v.ipv4 = c->ipv4;
       v.base_port = c->base_port;
-      // (As the context does: a UDP backend on an address other hosts reach.)
-      if (c->roce_port && (c->ipv4 >> 24) != 127 && c->backend == Backend::udp) v.roce_port = c->roce_port;
+      v.roce_port = c->roce_port_in_use();
       v.lid = c->lid;
       v.sa_ip = c->sa_ip;
       v.sa_port = c->sa_port;
@@ -415,8 +414,7 @@ class HostNet final : public Net {
     }
     if (g.dev.roce_port && src_ip == g.dev.ipv4 && src_port == g.dev.roce_port) {
       net::ForwardHdr h;
-      if (static_cast<size_t>(n) < sizeof h ||
-          (std::memcpy(&h, buf + sizeof(FwdHdr), sizeof h), h.magic != net::ForwardHdr::kMagic)) {
+      if (!net::ForwardHdr::read(buf + sizeof(FwdHdr), static_cast<size_t>(n), h)) {
         count(g.dev, Counter::cm_rcvd);
         count(g.dev, Counter::cm_dropped);
         return true;

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ struct ForwardHdr {
   uint32_t src_ip;      // the original sender, host byte order
   uint16_t src_port;
   uint16_t dst_port;    // where it arrived (the ICRC covers it)
+
+  // The header at the start of a forwarded datagram of n bytes; false if
+  // there is none (too short, or another magic).
+  static bool read(const uint8_t *p, size_t n, ForwardHdr &h) {
+    if (n < sizeof h) return false;
+    std::memcpy(&h, p, sizeof h);
+    return h.magic == kMagic;
+  }
 };
 
 // The classic BPF program: steers by slot to the index listed for it (QP1's

@@ -393,6 +393,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
 }
 
 void Engine::check_timers(Qp &qp, uint64_t now) {
+  if (qp.resp.again_at) ack_again(qp, now);
   if (qp.comp.rnr_deadline) {
     if (now >= qp.comp.rnr_deadline) {
       qp.comp.rnr_deadline = 0;

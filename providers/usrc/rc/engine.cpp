@@ -190,6 +190,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.resp.msn = 0;
       qp.resp.in_msg = qp.resp.nak_sent = qp.resp.ack_pending = qp.resp.comm_est = qp.local.small_run = false;
       qp.resp.tail_at_hold = ~0ull;
+      qp.resp.again_at = 0;
       qp.comp.ack_deadline = qp.comp.rnr_deadline = qp.comp.rto_deadline = 0;
       qp.comp.srtt = qp.comp.rttvar = 0;
       qp.comp.rtt_on = false;
@@ -764,7 +765,7 @@ void Engine::handle_packet(const net::RxPacket &in) {
     // the RoCE port's group sends from it, and the kernel lets only its
     // user join.)
     net::ForwardHdr h;
-    if (in.len < sizeof h || (std::memcpy(&h, in.data, sizeof h), h.magic != net::ForwardHdr::kMagic)) {
+    if (!net::ForwardHdr::read(in.data, in.len, h)) {
       count(Counter::malformed_drops);
       return;
     }

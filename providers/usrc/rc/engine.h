@@ -470,6 +470,8 @@ class Engine {
   void uc_rx(Qp &qp, const struct PacketView &v);
   void hold(Qp &qp, const struct PacketView &p);
   void drain_held(Qp &qp);
+  void ack_again_later(Qp &qp);
+  void ack_again(Qp &qp, uint64_t now);
   void drop_held(Qp &qp);
   // engine.cpp
   void handle_packet(const net::RxPacket &pkt);
@@ -558,6 +560,9 @@ class Engine {
   static constexpr size_t kTxEager = 16;
   // How soon a pass looks again at packets the NIC holds (LocalPeers::tx_pending).
   static constexpr uint64_t kTxRetryNs = 50'000;
+  // ack_again: the last ACK again after 1, 4, 16 and 64 ms of silence.
+  static constexpr uint64_t kAckAgainNs = 1'000'000;
+  static constexpr uint8_t kAcksAgain = 4;
   size_t tx_next_ = 0;   // the live_ index the next pass's transmit starts at
   // A payload up to kTxCopy bytes is copied behind the headers: one iovec
   // per packet instead of three or more (the kernel imports each one).

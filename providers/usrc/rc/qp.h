@@ -252,6 +252,9 @@ struct RespState {
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass
   bool comm_est = false;      // first request seen (IBV_EVENT_COMM_EST)
   uint64_t tail_at_hold = ~0ull;  // sq.tail when Engine::replies() last looked (~0: never)
+  uint64_t again_at = 0;      // when to send the last ACK again (Engine::ack_again; 0: not)
+  uint32_t again_epsn = 0;    // ... while epsn is still this
+  uint8_t agains = 0;         // ... and how many times it was
   uint32_t recv_offset = 0;
   // The receive WQE of the SEND message being received (has_cur), taken
   // off the receive queue at its first packet.

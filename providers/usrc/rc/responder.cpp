@@ -268,6 +268,37 @@ void Engine::drain_held(Qp &qp) {
   }
   if (took && (qp.resp.held || qp.resp.hold_missed)) respond_error(qp, RespErr::psn_seq, qp.resp.epsn);
   if (!qp.resp.held) qp.resp.hold_missed = false;
+  if (took) ack_again_later(qp);
+}
+
+// The ACK after a drain covers packets a requester that goes back N has
+// still to resend, and the ACK of a duplicate may cross more of a
+// requester's resends. rxe (Linux 6.1) takes an ACK that reaches it before
+// its resend of the packet as news of nothing and waits for that resend's
+// own ACK; if the resend is lost, its timer sees every PSN acknowledged
+// and never fires again: the QP hangs. So after either, while no new
+// request arrives, the last ACK goes again 1, 4, 16 and 64 ms later
+// (counter acks_again). Any other requester takes it as a duplicate ACK,
+// and a new request ends it: its own ACK covers everything before it.
+void Engine::ack_again_later(Qp &qp) {
+  qp.resp.again_epsn = qp.resp.epsn;
+  qp.resp.agains = 0;
+  qp.resp.again_at = stamp() + kAckAgainNs;
+  arm_timer(qp.resp.again_at);
+}
+
+void Engine::ack_again(Qp &qp, uint64_t now) {
+  if (qp.resp.epsn != qp.resp.again_epsn ||
+      (qp.state != QpState::rtr && qp.state != QpState::rts && qp.state != QpState::sqd)) {
+    qp.resp.again_at = 0;
+    return;
+  }
+  if (now >= qp.resp.again_at) {
+    send_ack(qp, wire::aeth_ack(), psn_add(qp.resp.epsn, kPsnMask));
+    count(Counter::acks_again);
+    qp.resp.again_at = ++qp.resp.agains < kAcksAgain ? now + (kAckAgainNs << (2 * qp.resp.agains)) : 0;
+  }
+  if (qp.resp.again_at) arm_timer(qp.resp.again_at);
 }
 
 void Engine::drop_held(Qp &qp) {
@@ -329,7 +360,10 @@ Engine::RespStep Engine::duplicate(Qp &qp, Request &r) {
   count(Counter::duplicates);
   if (r.mask & wire::IS_READ) read_request(qp, r.v, true);
   else if (r.mask & wire::IS_ATOMIC) atomic_request(qp, r.v, true);
-  else schedule_ack(qp);
+  else {
+    schedule_ack(qp);
+    ack_again_later(qp);
+  }
   return RespStep::done;
 }
 

@@ -21,6 +21,7 @@
 #include "usrc/device.h"
 #include "usrc/net/ipv4.h"
 #include "usrc/net/roce_port.h"
+#include "usrc/net/udp.h"
 
 #include "temp_dir.h"
 
@@ -129,4 +130,62 @@ TEST_CASE("RoCE port: a member that died without leaving is taken out when the n
     REQUIRE(arrival(g, port, datagram(slot, 3), &got) >= 0);
     CHECK(got == slot);
   }
+}
+
+// A context receives at two sockets: its own port and the RoCE port. One
+// that has been empty a while is looked at on fewer receives (an empty
+// look is a system call), but a datagram queued at it is still taken
+// within a few receives, and one at each socket both arrive, in whichever
+// order.
+TEST_CASE("RoCE port: a socket that was empty a while still delivers within a few receives", "[nic][roce]") {
+  TempDir dir("usrc-roce-idle");
+  std::mt19937 rng(std::random_device{}());
+  std::unique_ptr<net::UdpNic> nic;
+  uint16_t own = 0;
+  for (int i = 0; i < 50 && !nic; i++) {
+    own = uint16_t(30000 + rng() % 10000);
+    int e = 0;
+    std::string err;
+    nic = net::UdpNic::open({kLo, own}, 1 << 20, 32, 1, &e, &err);
+  }
+  REQUIRE(nic);
+  const uint16_t roce = uint16_t(40000 + rng() % 20000);
+  std::string err;
+  INFO(err);
+  REQUIRE(nic->join_roce(roce, 3, dir.path, 1 << 20, &err));
+  const int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  auto send_to = [&](uint16_t port, uint32_t index) {
+    const std::vector<uint8_t> d = datagram(3, index);
+    sockaddr_in to = net::to_sockaddr({kLo, port});
+    REQUIRE(::sendto(s, d.data(), d.size(), 0, reinterpret_cast<sockaddr *>(&to), sizeof to) == ssize_t(d.size()));
+    pollfd p{nic->wait_fd(), POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 5000) == 1);   // (queued at its socket)
+  };
+  // The receives it takes to get one datagram (0: none within 64).
+  auto receives = [&](uint16_t dst_port) {
+    net::RxPacket pk[4];
+    for (int k = 1; k <= 64; k++)
+      if (size_t n = nic->recv(pk)) {
+        CHECK(n == 1);
+        CHECK(pk[0].dst_port == (dst_port == roce ? roce : 0));
+        return k;
+      }
+    return 0;
+  };
+  net::RxPacket pk[4];
+  for (uint16_t port : {roce, own, roce, own}) {
+    for (int i = 0; i < 100; i++) REQUIRE(nic->recv(pk) == 0);   // both empty a while
+    send_to(port, 1);
+    const int k = receives(port);
+    INFO("port " << port);
+    CHECK(k >= 1);
+    CHECK(k <= 4);
+  }
+  // One at each: both arrive.
+  send_to(own, 2);
+  send_to(roce, 3);
+  int got = 0;
+  for (int k = 0; k < 64 && got < 2; k++) got += int(nic->recv(pk));
+  CHECK(got == 2);
+  ::close(s);
 }

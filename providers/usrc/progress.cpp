@@ -118,16 +118,7 @@ void Context::progress_loop() {
       }
     } else {
       watching_.store(false, std::memory_order_relaxed);
-      // While the application polls, a taken lock is the application in
-      // the engine, receiving: waiting for it would only take a core from
-      // it (the lock's yields and naps, with every core busy); the policy
-      // is asked again instead. (An application that stopped polling gets
-      // its post's short hold waited out.)
-      std::unique_lock g(engine_->mu, std::defer_lock);
-      if (!g.try_lock()) {
-        if (policy.app_active(now, app_polled_.load(std::memory_order_relaxed))) continue;
-        g.lock();
-      }
+      std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       xrc_progress();
       now = now_ns();

@@ -237,21 +237,12 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // receive of more than one says a stream is on: more are likely
     // waiting (rx_pending()).
     // With the RoCE port joined, the two sockets take turns to go first.
-    // An empty look is a system call, and a polling application's loop is
-    // as long as its looks: a socket that has been empty a while (the
-    // private port, where only this host's peers and forwarded packets
-    // come, while other hosts send to the RoCE port) is looked at on
-    // every kIdleEvery-th call only, a few hundred nanoseconds later.
     const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
-    const bool all = !roce_ || ++turn_ % kIdleEvery == 0;
-    int r = 0;
-    for (int k = 0; k < (roce_ ? 2 : 1) && r <= 0; k++) {
-      const bool from_roce = roce_ && next_roce_ != (k == 1);
-      uint32_t &empty = empty_[from_roce];
-      if (!all && empty >= kIdleLooks) continue;
-      rx_roce_ = from_roce;
-      r = refill(from_roce ? roce_->fd() : fd_, n);
-      empty = r > 0 ? 0 : empty + 1;
+    rx_roce_ = roce_ && next_roce_;
+    int r = refill(rx_roce_ ? roce_->fd() : fd_, n);
+    if (r <= 0 && roce_) {
+      rx_roce_ = !rx_roce_;
+      r = refill(rx_roce_ ? roce_->fd() : fd_, n);
     }
     next_roce_ = roce_ && !rx_roce_;
     if (r <= 0) return 0;

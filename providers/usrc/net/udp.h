@@ -47,11 +47,6 @@ class UdpNic final : public Nic {
   int ep_ = -1;
   bool rx_roce_ = false;   // the datagrams being handed out came from roce_
   bool next_roce_ = false; // the next empty-queue refill tries roce_ first
-  // Looks in a row that found each socket empty ([0] fd_, [1] roce_), and
-  // the calls so far: a socket empty for kIdleLooks looks is looked at on
-  // every kIdleEvery-th call only (see recv).
-  uint32_t empty_[2] = {0, 0}, turn_ = 0;
-  static constexpr uint32_t kIdleLooks = 16, kIdleEvery = 4;
   int refill(int fd, size_t n);
   uint32_t rcvbuf_ = 0;
   uint32_t gso_segs_ = 1;

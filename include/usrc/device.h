@@ -146,7 +146,7 @@ constexpr uint32_t slot_of_qpn(uint32_t qpn) { return qpn >> kQpnIndexBits; }
   X(direct_writes, "RDMA WRITEs placed directly in a same-host peer's memory") \
   X(direct_unlisted, "MRs and QPs left out of direct placement (table entry taken): peers send to them") \
   X(held, "request packets received beyond a gap, kept and taken in order once it was filled") \
-  X(selective_resends, "sequence NAKs answered by resending the lost packet alone") \
+  X(selective_resends, "sequence and RNR NAKs answered by resending the packet they name alone") \
   X(probes, "oldest unacknowledged packets resent alone after a short silence") \
   X(qkey_drops, "UD datagrams dropped: wrong Q_Key")                         \
   X(no_recv_drops, "UD datagrams and UC messages dropped: no receive posted") \

@@ -660,6 +660,38 @@ TEST_CASE("RNR with rnr_retry 7 waits until a receive is posted", "[sim]") {
   CHECK(rx == tx);
 }
 
+TEST_CASE("after an RNR NAK the packet it names is resent alone: a responder that kept the rest takes them all", "[sim]") {
+  Pair p(7);
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  const bool keeps = GENERATE(true, false);
+  if (!keeps) p.b.e->hold_max = 0;   // (USRC_RX_HOLD=0, or rxe: dropped, then go-back-N)
+  constexpr int kN = 48;
+  std::vector<uint8_t> tx(kN * 100), rx(kN * 128, 0);
+  for (size_t i = 0; i < tx.size(); i++) tx[i] = uint8_t(i * 7 + 1);
+  for (int i = 0; i < kN; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data() + 100 * i, 100, i)) == 0);
+  p.run([] { return false; }, p.net.now() + 1'000'000);   // 1 ms with no receive posted
+  REQUIRE(ctr(p.a, Counter::rnr_naks_rcvd) > 10);
+  const uint64_t resent = ctr(p.a, Counter::retransmits);
+  CHECK(resent <= ctr(p.a, Counter::rnr_naks_rcvd));   // the named packet, once a NAK
+  for (int i = 0; i < kN; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0);
+  std::vector<Completion> sc, rc;
+  REQUIRE(p.collect(sc, kN, &rc, kN));
+  for (int i = 0; i < kN; i++) {
+    CHECK(sc[i].status == WcStatus::success);
+    REQUIRE(rc[i].status == WcStatus::success);
+    REQUIRE(rc[i].wr_id == uint64_t(i));   // in order, once each
+    REQUIRE(rc[i].byte_len == 100);
+    REQUIRE(std::memcmp(rx.data() + 128 * i, tx.data() + 100 * i, 100) == 0);
+  }
+  if (keeps) {
+    CHECK(ctr(p.b, Counter::held) == kN - 1);
+    CHECK(ctr(p.a, Counter::retransmits) - resent <= 1);   // the named one, taken now
+    CHECK(ctr(p.b, Counter::duplicates) == 0);
+  } else {
+    CHECK(ctr(p.a, Counter::retransmits) - resent >= kN - 1);   // the rest, back N
+  }
+}
+
 TEST_CASE("a message longer than the receive buffer fails both sides", "[sim]") {
   Pair p(8);
   std::vector<uint8_t> tx(2000, 1), rx(1000, 0);

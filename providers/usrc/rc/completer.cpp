@@ -311,8 +311,7 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
   window_loss(qp, false);
   qp.comp.ack_deadline = 0;
   qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
-  arm_timer(qp.comp.rnr_deadline);
-  requester_tx(qp);
+  arm_timer(qp.comp.rnr_deadline);   // (requester_tx sends nothing until then)
 }
 
 // The RNR timer ran out: the packet the RNR NAK named is resent, alone
@@ -323,8 +322,13 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
 // Resending them all anyway was most of what a busy receiver's sender
 // resent (ib_send_bw 64 B beside a CPU-bound process: 2.8% of its packets,
 // each one a duplicate at the responder).
-void Engine::rnr_resume(Qp &qp) {
-  if (!resend_one(qp, qp.comp.una_psn)) go_back_n(qp, qp.comp.una_psn);   // (una may lag psn: READ data)
+void Engine::rnr_resume(Qp &qp) { resend_from(qp, qp.comp.una_psn); }
+
+// psn goes again, alone where it can (resend_one: it is una, and the peer
+// keeps what follows a gap); else everything from una (which may lag psn:
+// READ data still missing) goes back N.
+void Engine::resend_from(Qp &qp, uint32_t psn) {
+  if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
   requester_tx(qp);
 }
 
@@ -340,9 +344,7 @@ void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
   // there (sel_acked): nothing to do again.
   if (!progress && psn == qp.req.sel.back_psn) return;
   if (!progress && !use_retry(qp)) return;
-  // una may lag psn: READ data still missing.
-  if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
-  requester_tx(qp);
+  resend_from(qp, psn);
 }
 
 // Any other NAK (IBA 9.7.5.2.4, the NAK codes; the responder's class C

@@ -819,7 +819,7 @@ void Engine::handle_packet(const net::RxPacket &in) {
   }
   if (qp->type == QpType::ud) {
     // From anyone (the Q_Key says who may send), in RTR and later.
-    if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err || qp->linger_until)
+    if (!receives(qp->state) || qp->linger_until)
       count(Counter::unknown_qp_drops);
     else
       datagram_rx(*qp, v, pkt.len);
@@ -838,8 +838,7 @@ void Engine::handle_packet(const net::RxPacket &in) {
     return;
   }
   if (v.p.info->mask & wire::IS_REQUEST) {
-    // A QP in RESET or INIT drops requests (IBA 10.3.1); RTR and later respond.
-    if (qp->state == QpState::reset || qp->state == QpState::init || qp->state == QpState::err) {
+    if (!receives(qp->state)) {
       count(Counter::unknown_qp_drops);
       return;
     }

@@ -288,8 +288,7 @@ void Engine::ack_again_later(Qp &qp) {
 }
 
 void Engine::ack_again(Qp &qp, uint64_t now) {
-  if (qp.resp.epsn != qp.resp.again_epsn ||
-      (qp.state != QpState::rtr && qp.state != QpState::rts && qp.state != QpState::sqd)) {
+  if (qp.resp.epsn != qp.resp.again_epsn || !receives(qp.state)) {
     qp.resp.again_at = 0;
     return;
   }

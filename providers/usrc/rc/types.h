@@ -35,6 +35,10 @@ constexpr uint32_t kPlacedSlack = 8;
 // transition into it and the engine sets err only.
 enum class QpState : uint8_t { reset = 0, init, rtr, rts, sqd, sqe, err };
 
+// A QP receives from RTR on (IBA 10.3.1): in RESET, INIT and ERROR its
+// peer's packets are dropped, and it sends no response.
+constexpr bool receives(QpState s) { return s != QpState::reset && s != QpState::init && s != QpState::err; }
+
 enum class WcStatus : uint8_t {   // = enum ibv_wc_status
   success = 0, loc_len_err = 1, loc_qp_op_err = 2, loc_prot_err = 4, wr_flush_err = 5, mw_bind_err = 6,
   rem_inv_req_err = 9, rem_access_err = 10, rem_op_err = 11, retry_exc_err = 12,

@@ -617,6 +617,42 @@ TEST_CASE("a silent peer gets the oldest packet alone on each retransmission tim
   CHECK(counter(Counter::timeouts) == 0);
 }
 
+TEST_CASE("a receiver that stops running for milliseconds is not taken for a loss: the timer's packets go alone, nothing goes back N", "[sim]") {
+  Pair p(6);
+  p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
+  constexpr size_t kMsgs = 48;
+  std::vector<uint8_t> buf(100, 1), rx(128 * (kMsgs + 1));
+  size_t done = 0;
+  auto completed = [&](size_t n) {
+    return [&, n] {
+      for (const Completion &c : drain(p.a.scq)) done += c.status == WcStatus::success;
+      return done == n;
+    };
+  };
+  auto ctr = [&](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  post_small_send(p, buf, rx, 0);   // a round trip measured
+  REQUIRE(p.run(completed(1)));
+  // b is descheduled for 5 ms: its datagrams wait for it, and a's timers
+  // run (the probe, then the retransmission timer).
+  for (uint64_t id = 1; id <= kMsgs; id++) post_small_send(p, buf, rx, id);
+  const uint64_t resent0 = ctr(p.a, Counter::retransmits), t_end = p.net.now() + 5'000'000;
+  while (p.net.now() < t_end) {
+    p.a.e->progress();
+    p.net.advance(std::max<uint64_t>(std::min(p.a.e->next_deadline(), t_end) - p.net.now(), 100));
+  }
+  const uint64_t alone = ctr(p.a, Counter::probes) + ctr(p.a, Counter::rto_resends);
+  REQUIRE(alone >= 2);
+  CHECK(ctr(p.a, Counter::retransmits) - resent0 == alone);
+  // Back, it takes one datagram per pass at first, as a host that has just
+  // been idle does: its first ACK answers the oldest packet's first
+  // sending alone, and the rest follows.
+  p.net.set_rx_batch(p.b.e->nic().local(), 1);
+  REQUIRE(p.run(completed(kMsgs + 1)));
+  CHECK(ctr(p.a, Counter::retransmits) - resent0 == alone);   // nothing went back N
+  CHECK(ctr(p.b, Counter::duplicates) == alone);
+  for (const Completion &c : drain(p.b.rcq)) CHECK(c.status == WcStatus::success);
+}
+
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
   Pair p(4);
   p.a.qp->attr.rnr_retry = 2;

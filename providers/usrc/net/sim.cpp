@@ -65,6 +65,7 @@ void SimNic::tx_end(size_t len, size_t seg) {
 
 size_t SimNic::recv(std::span<RxPacket> out) {
   held_.clear();
+  if (const size_t most = net_.rx_batch_[SimNetwork::key(local_)]) out = out.first(std::min(most, out.size()));
   size_t n = 0;
   for (auto it = net_.flight_.begin(); it != net_.flight_.end() && n < out.size();) {
     if (it->first > net_.now_) break;

@@ -31,6 +31,9 @@ class SimNetwork {
   uint64_t next_delivery() const;
   // A NIC that is partitioned away drops everything it sends and receives.
   void set_partitioned(Endpoint e, bool p) { partitioned_[key(e)] = p; }
+  // A NIC that takes at most n datagrams per receive (0: as many as asked
+  // for), as a host that has just been idle does (net::UdpNic).
+  void set_rx_batch(Endpoint e, size_t n) { rx_batch_[key(e)] = n; }
 
   struct Stats {
     uint64_t sent = 0, dropped = 0, duplicated = 0, reordered = 0, corrupted = 0;
@@ -57,6 +60,7 @@ class SimNetwork {
   uint64_t now_ = 0, seq_ = 0;
   std::multimap<uint64_t, InFlight> flight_;   // by delivery time
   std::map<uint64_t, bool> partitioned_;
+  std::map<uint64_t, size_t> rx_batch_;
 };
 
 class SimNic final : public Nic, public LocalPeers {

@@ -62,8 +62,8 @@ void Engine::arm_retransmit(Qp &qp) {
   if (!qp.comp.srtt) return;
   uint64_t rto = qp.comp.rto_ns();
   const uint64_t pto = std::max(2 * qp.comp.srtt, kMinProbeNs);
-  qp.comp.probe_armed = pto < rto && probe_ok(qp);
-  if (qp.comp.probe_armed) rto = pto;
+  qp.comp.probe_armed = !qp.req.sel.back_wait && pto < rto && probe_ok(qp);
+  if (qp.comp.probe_armed || qp.req.sel.back_wait) rto = std::min(rto, pto);
   if (rto < t) {
     qp.comp.rto_deadline = now + rto;
     arm_timer(qp.comp.rto_deadline);
@@ -144,6 +144,7 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
     rtt_sample(qp, new_una);
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
     qp.comp.una_psn = new_una;
+    qp.req.sel.back_wait = false;   // (what it waited for; sel_acked may wait again)
     if (qp.req.sel.on) sel_acked(qp);
     advanced(qp);
   }
@@ -297,6 +298,10 @@ bool Engine::use_retry(Qp &qp) {
 // (rnr_resume). rnr_retry 7 means forever.
 void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
   count(Counter::rnr_naks_rcvd);
+  // The NAK says why psn was not taken: a packet resent alone before it,
+  // now acknowledged alone, is no news of a loss after it (sel_acked would
+  // go back N at once, and rnr_resume then resend the whole window).
+  qp.req.sel.on = false;
   ack_through(qp, psn_add(psn, kPsnMask));
   if (qp.attr.rnr_retry != 7) {
     if (qp.comp.rnr_left == 0) {
@@ -435,7 +440,14 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       }
       return;
     }
-    if (qp.comp.probe_armed) {
+    if (qp.req.sel.back_wait) {
+      // A probe's packet was taken alone and nothing more came: the rest
+      // was lost (sel_acked), and that is the loss's news.
+      qp.req.sel.back_wait = false;
+      window_loss(qp, false);
+      sel_go_back(qp);
+      requester_tx(qp);
+    } else if (qp.comp.probe_armed) {
       // The probe: a short silence since the last progress (a lost NAK,
       // resend or ACK leaves the window full and the peer waiting). The
       // oldest packet alone: a peer that kept the ones after it (or has

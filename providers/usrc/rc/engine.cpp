@@ -198,8 +198,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.comp.probed = qp.comp.probe_armed = false;
       qp.req.cwnd = qp.req.ssthresh = qp.req.window;
       qp.req.cwnd_acc = 0;
-      qp.req.sel.on = qp.req.sel.peer_keeps = false;
-      qp.req.sel.skip = 0;
+      qp.req.sel = {};
       drop_held(qp);
       std::erase(ack_list_, &qp);
       break;

@@ -311,6 +311,7 @@ class Engine {
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   void rnr_resume(Qp &qp);
+  void sel_go_back(Qp &qp);
   void resend_from(Qp &qp, uint32_t psn);
   bool fast_ack(const net::RxPacket &pkt);
   bool use_retry(Qp &qp);

@@ -162,10 +162,12 @@ struct QpAttrs {
 // Selective resend (Engine::resend_one): a sequence NAK's PSN (or, for a
 // probe, una) alone was resent (on, psn), as a peer that keeps what
 // follows a gap needs nothing else; peer_keeps: it did so before; the next
-// skip losses go back N (a peer that did not keep them, Engine::sel_acked).
+// skip losses go back N (a peer that did not keep them, Engine::sel_acked);
+// back_wait: a probe's packet was taken alone, and the rest goes back N
+// unless more ACKs come before the timer.
 struct SelectiveResend {
   uint32_t psn = 0;
-  bool on = false, probe = false, peer_keeps = false;
+  bool on = false, probe = false, peer_keeps = false, back_wait = false;
   uint32_t back_psn = 0xffffffff;   // where sel_acked last went back N
   uint8_t skip = 0;
 };

@@ -597,6 +597,8 @@ TEST_CASE("a silent peer gets the oldest packet alone on each retransmission tim
     };
   };
   auto counter = [&](Counter c) { return p.a.e->counters[uint32_t(c)]; };
+  // (The receives first: the round trip's ACK gives their credits.)
+  for (uint64_t id = 1; id <= 8; id++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * id, 128, id)) == 0);
   post_small_send(p, buf, rx, 0);   // a round trip measured
   REQUIRE(p.run(completed(1)));
   const uint32_t full = p.a.qp->req.cwnd;
@@ -604,7 +606,7 @@ TEST_CASE("a silent peer gets the oldest packet alone on each retransmission tim
   // Silence: the peer is gone (descheduled, partitioned) with 8 packets
   // in flight. Each expiry resends the oldest alone; the window stays.
   p.net.set_partitioned(p.b.e->nic().local(), true);
-  for (uint64_t id = 1; id <= 8; id++) post_small_send(p, buf, rx, id);
+  for (uint64_t id = 1; id <= 8; id++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, id)) == 0);
   const uint64_t resent0 = counter(Counter::retransmits);
   REQUIRE(p.run([&] { return counter(Counter::rto_resends) >= 3; }));
   CHECK(counter(Counter::retransmits) - resent0 == counter(Counter::probes) + counter(Counter::rto_resends));
@@ -630,11 +632,13 @@ TEST_CASE("a receiver that stops running for milliseconds is not taken for a los
     };
   };
   auto ctr = [&](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  // (The receives first: the round trip's ACK gives their credits.)
+  for (uint64_t id = 1; id <= kMsgs; id++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * id, 128, id)) == 0);
   post_small_send(p, buf, rx, 0);   // a round trip measured
   REQUIRE(p.run(completed(1)));
   // b is descheduled for 5 ms: its datagrams wait for it, and a's timers
   // run (the probe, then the retransmission timer).
-  for (uint64_t id = 1; id <= kMsgs; id++) post_small_send(p, buf, rx, id);
+  for (uint64_t id = 1; id <= kMsgs; id++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(buf.data(), 100, id)) == 0);
   const uint64_t resent0 = ctr(p.a, Counter::retransmits), t_end = p.net.now() + 5'000'000;
   while (p.net.now() < t_end) {
     p.a.e->progress();
@@ -726,6 +730,37 @@ TEST_CASE("after an RNR NAK the packet it names is resent alone: a responder tha
   } else {
     CHECK(ctr(p.a, Counter::retransmits) - resent >= kN - 1);   // the rest, back N
   }
+}
+
+TEST_CASE("end-to-end credits: no SEND goes beyond the receives the responder's ACKs count, so none is dropped after an RNR NAK", "[sim]") {
+  Pair p(12);
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  p.b.e->hold_max = 0;   // (it drops what follows a refused packet, as rxe does)
+  constexpr int kN = 48, kFirst = 8;
+  std::vector<uint8_t> tx(kN * 100), rx(kN * 128, 0);
+  for (size_t i = 0; i < tx.size(); i++) tx[i] = uint8_t(i * 5 + 3);
+  auto recv = [&](int i) { REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0); };
+  for (int i = 0; i < kFirst; i++) recv(i);
+  // The first message's ACK gives b's credits (the WQEs left: 7).
+  REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 0)) == 0);
+  std::vector<Completion> sc, rc;
+  REQUIRE(p.collect(sc, 1, &rc, 1));
+  CHECK(p.a.qp->req.limited);
+  // All the rest at once: the 7 the credits cover go, then one at a time
+  // (RNR NAKs, each for the one packet sent), until b posts more.
+  for (int i = 1; i < kN; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data() + 100 * i, 100, i)) == 0);
+  p.run([] { return false; }, p.net.now() + 1'000'000);
+  CHECK(rc.size() + drain(p.b.rcq).size() == kFirst);
+  REQUIRE(ctr(p.a, Counter::rnr_naks_rcvd) > 0);
+  for (int i = kFirst; i < kN; i++) recv(i);
+  REQUIRE(p.collect(sc, kN));
+  for (int i = 0; i < kN; i++) {
+    CHECK(sc[i].status == WcStatus::success);
+    REQUIRE(std::memcmp(rx.data() + 128 * i, tx.data() + 100 * i, 100) == 0);
+  }
+  // Every resend was the one packet an RNR NAK named: nothing had followed it.
+  CHECK(ctr(p.a, Counter::retransmits) == ctr(p.a, Counter::rnr_naks_rcvd));
+  CHECK(ctr(p.b, Counter::duplicates) == 0);
 }
 
 TEST_CASE("a message longer than the receive buffer fails both sides", "[sim]") {
@@ -1905,7 +1940,8 @@ TEST_CASE("requests received in one pass get one ACK, for the last of them", "[s
     for (uint32_t i = 1; i <= 6; i++) forge(p, request(wire::Opcode::RC_SEND_ONLY, psn + i, true), 16);
     p.net.advance(1'000'000);
     p.b.e->progress();
-    CHECK(r.seen == std::vector{std::pair{wire::aeth_ack(), (psn + 6) & kPsnMask}});
+    // (Its credit count: one receive is left.)
+    CHECK(r.seen == std::vector{std::pair{wire::aeth_ack(1), (psn + 6) & kPsnMask}});
     CHECK(drain(p.b.rcq).size() == 6);
     CHECK(!q.resp.ack_pending);
   }

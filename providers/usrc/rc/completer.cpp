@@ -287,10 +287,35 @@ bool Engine::use_retry(Qp &qp) {
 
 // An ACK (IBA 9.7.5.1.1): everything through psn is acknowledged; the
 // window it opens is used at once.
-[[gnu::always_inline]] inline void Engine::ack_rcvd(Qp &qp, uint32_t psn) {
+[[gnu::always_inline]] inline void Engine::ack_rcvd(Qp &qp, uint32_t psn, uint8_t syndrome, uint32_t msn) {
   count(Counter::acks_rcvd);
+  take_credits(qp, syndrome, msn);
   ack_through(qp, psn);
   requester_tx(qp);
+}
+
+// End-to-end flow control (IBA 9.7.7.2): an ACK's MSN plus its credit
+// count is the last message that may take a receive WQE (ReqState::lsn);
+// it only grows (an ACK that arrives late gives an older one), and a
+// duplicate ACK may bring more. kNoCredits: the responder limits nothing.
+void Engine::take_credits(Qp &qp, uint8_t syndrome, uint32_t msn) {
+  const uint8_t code = wire::aeth_value(syndrome);
+  if (code == wire::kNoCredits) {
+    qp.req.limited = false;
+    return;
+  }
+  const uint32_t lsn = msn_add(msn, wire::credit_count(code));
+  if (!qp.req.limited || psn_lt(qp.req.lsn, lsn)) qp.req.lsn = lsn;
+  qp.req.limited = true;
+}
+
+// Whether w, not sent yet, waits for credits: it takes a receive WQE and
+// lies beyond the limit, and packets are in flight (whose ACKs bring
+// credits). With none in flight it goes, as IBA lets a requester without
+// credits send one message: the responder takes it or sends an RNR NAK.
+bool Engine::credit_wait(const Qp &qp, const SendWqe &w) const {
+  return qp.req.limited && (wr_info(w.wr.opcode).mask & WR_CONSUMES_RWQE) && psn_lt(qp.req.lsn, w.ssn) &&
+         !psn_lt(w.first_psn, qp.req.tx_high) && qp.comp.una_psn != qp.req.tx_high;
 }
 
 // An RNR NAK (IBA 9.7.5.2.8): the responder had no receive WQE for psn;
@@ -384,7 +409,7 @@ bool Engine::fast_ack(const net::RxPacket &pkt) {
   if (!names_sent_psn(*qp, psn)) return false;   // (a ghost: counted there)
   count(Counter::rx_packets);
   count(Counter::rx_bytes, kLen);
-  ack_rcvd(*qp, psn);
+  ack_rcvd(*qp, psn, v.syndrome(), v.msn());
   return true;
 }
 
@@ -401,7 +426,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
   const wire::AckType type = wire::aeth_type(syn);
   if (type != wire::AckType::ack && psn_lt(psn, qp.comp.una_psn)) return count(Counter::ghost_acks);
   switch (type) {
-    case wire::AckType::ack: return ack_rcvd(qp, psn);
+    case wire::AckType::ack: return ack_rcvd(qp, psn, syn, v.p.h.aeth.msn);
     case wire::AckType::rnr_nak: return rnr_nak_rcvd(qp, psn, wire::aeth_value(syn));
     case wire::AckType::nak:
       if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn);

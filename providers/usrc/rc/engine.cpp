@@ -199,6 +199,8 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.req.cwnd = qp.req.ssthresh = qp.req.window;
       qp.req.cwnd_acc = 0;
       qp.req.sel = {};
+      qp.req.ssn = 0;
+      qp.req.limited = false;
       drop_held(qp);
       std::erase(ack_list_, &qp);
       break;
@@ -498,6 +500,7 @@ void Engine::start_wqe(Qp &qp, SendWqe &w, uint32_t len, uint32_t npkts, bool pl
   w.rd_before = qp.req.rd_posted;
   w.rd_piece = 0;
   w.first_psn = qp.req.next_psn;
+  if (npkts) w.ssn = qp.req.ssn = msn_add(qp.req.ssn, 1);
 }
 
 void Engine::post_local(Qp &qp) {
@@ -737,7 +740,7 @@ bool Engine::replies() {
 // a reply and the ACK it carries leave as one send whatever their sizes.
 void Engine::build_acks() {
   for (Qp *qp : ack_list_) {
-    if (qp->resp.ack_pending) send_ack(*qp, wire::aeth_ack(), psn_add(qp->resp.epsn, kPsnMask));
+    if (qp->resp.ack_pending) send_ack(*qp, ack_syndrome(*qp), psn_add(qp->resp.epsn, kPsnMask));
     qp->resp.ack_pending = false;
   }
   ack_list_.clear();

@@ -151,6 +151,7 @@ class Engine {
   bool small_ready(const Qp &qp, uint64_t len) const {
     return qp.local.in_place && len <= kTxCopy && len <= qp.attr.pmtu && qp.state == QpState::rts &&
            !qp.comp.rnr_deadline && !qp.attr.rate_bps &&
+           (!qp.req.limited || psn_lt(qp.req.ssn, qp.req.lsn)) &&   // (the next message within the credits)
            (qp.req.tx_psn == qp.req.next_psn ||
             (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
@@ -311,11 +312,14 @@ class Engine {
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   void rnr_resume(Qp &qp);
+  uint8_t ack_syndrome(const Qp &qp) const;
+  void take_credits(Qp &qp, uint8_t syndrome, uint32_t msn);
+  bool credit_wait(const Qp &qp, const SendWqe &w) const;
   void sel_go_back(Qp &qp);
   void resend_from(Qp &qp, uint32_t psn);
   bool fast_ack(const net::RxPacket &pkt);
   bool use_retry(Qp &qp);
-  void ack_rcvd(Qp &qp, uint32_t psn);
+  void ack_rcvd(Qp &qp, uint32_t psn, uint8_t syndrome, uint32_t msn);
   void rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer);
   void seq_nak_rcvd(Qp &qp, uint32_t psn);
   void error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code);

@@ -23,6 +23,9 @@ struct SendWqe {
   // READs and ATOMICs posted on this QP before this WQE (ReqState::rd_posted at
   // post time): the difference of two gives those between them in O(1).
   uint32_t rd_before = 0;
+  // Its message sequence number (ReqState::ssn when posted), for the
+  // end-to-end credits (ReqState::lsn).
+  uint32_t ssn = 0;
   // A READ asked for in pieces: the response packets each READ request
   // asks for (0: not sent yet). Fixed at the first piece, so that a piece
   // resent from a gap asks for part of one piece the responder saw, which
@@ -190,6 +193,12 @@ struct ReqState {
   uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }
   SelectiveResend sel;
+  // End-to-end flow control (IBA 9.7.7.2): ssn, the messages posted
+  // (24 bits, as the responder's MSN); lsn, the last one that may take a
+  // receive WQE, the highest MSN plus credit count an ACK gave (limited:
+  // the last ACK gave one).
+  uint32_t ssn = 0, lsn = 0;
+  bool limited = false;
 };
 
 // The completer's state (completer.cpp): ACKs and NAKs in, WQEs retired,

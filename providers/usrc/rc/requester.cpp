@@ -42,6 +42,7 @@ void Engine::requester_tx(Qp &qp) {
       // progress, also when a loss makes it resend from its first packet.
       if (qp.state == QpState::sqd && qp.req.tx_psn == w.first_psn && !psn_lt(w.first_psn, qp.req.tx_high))
         break;
+      if (qp.req.tx_psn == w.first_psn && credit_wait(qp, w)) break;
       if (rd || (w.wr.flags & kFence)) {
         // READ/ATOMIC requests in flight: those in [head, tx_pos).
         const uint32_t in_flight =
@@ -121,7 +122,7 @@ void Engine::sent(Qp &qp, const SendWqe &w, uint32_t next) {
 bool Engine::send_single(Qp &qp, SendWqe &w) {
   if (w.npkts != 1 || w.placed || qp.state != QpState::rts || qp.comp.rnr_deadline || qp.attr.rate_bps ||
       qp.req.tx_psn != w.first_psn || is_rd_atomic(w.wr.opcode) || (w.wr.flags & kFence) ||
-      lp_->tx_blocked(qp.attr.peer))
+      lp_->tx_blocked(qp.attr.peer) || credit_wait(qp, w))
     return false;
   const uint32_t wnd = qp.req.send_window();
   const uint32_t used = static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));

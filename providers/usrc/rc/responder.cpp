@@ -36,6 +36,14 @@ bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
   return true;
 }
 
+// An ACK's syndrome: its credit count, the receive WQEs posted (IBA
+// 9.7.7.2), so that the requester sends no SEND the responder has to
+// refuse with an RNR NAK (and drop what follows it); none from an SRQ,
+// whose WQEs other QPs take too.
+uint8_t Engine::ack_syndrome(const Qp &qp) const {
+  return wire::aeth_ack(qp.on_srq() ? wire::kNoCredits : wire::credit_code(qp.rq->size()));
+}
+
 // The headers of a response to qp's peer: opcode op for psn, an AETH of
 // syndrome and our MSN.
 static wire::Headers response_headers(const Qp &qp, uint8_t op, uint32_t psn, uint8_t syndrome) {
@@ -293,7 +301,7 @@ void Engine::ack_again(Qp &qp, uint64_t now) {
     return;
   }
   if (now >= qp.resp.again_at) {
-    send_ack(qp, wire::aeth_ack(), psn_add(qp.resp.epsn, kPsnMask));
+    send_ack(qp, ack_syndrome(qp), psn_add(qp.resp.epsn, kPsnMask));
     count(Counter::acks_again);
     qp.resp.again_at = ++qp.resp.agains < kAcksAgain ? now + (kAckAgainNs << (2 * qp.resp.agains)) : 0;
   }

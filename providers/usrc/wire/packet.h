@@ -47,8 +47,23 @@ constexpr AckType aeth_type(uint8_t syndrome) {
   }
 }
 constexpr uint8_t aeth_value(uint8_t syndrome) { return syndrome & 0x1f; }
-// We send 0x1f, the "invalid" credit count: we do not use end-to-end credits.
-constexpr uint8_t aeth_ack(uint8_t credits = 0x1f) { return credits & 0x1f; }
+// An ACK's credit count (IBA 9.7.7.2, end-to-end flow control): the receive
+// WQEs the responder has beyond the message the MSN names, coded as the
+// largest of 0, 1, 2, 3, 4, 6, 8, 12, 16, ... 24576, 32768 (codes 0 to 30)
+// not above it. kNoCredits (0x1f, "invalid"): the responder gives none (an
+// SRQ's, or one that does not count them, as rxe).
+constexpr uint8_t kNoCredits = 0x1f;
+constexpr uint32_t credit_count(uint8_t code) {
+  return code < 4 ? code : (code & 1) ? 3u << ((code - 3) / 2) : 1u << (code / 2);
+}
+constexpr uint8_t credit_code(uint64_t wqes) {
+  uint8_t c = 0;
+  while (c < 30 && credit_count(c + 1) <= wqes) c++;
+  return c;
+}
+static_assert(credit_count(5) == 6 && credit_count(13) == 96 && credit_count(30) == 32768);
+static_assert(credit_code(0) == 0 && credit_code(5) == 4 && credit_code(512) == 18 && credit_code(1u << 20) == 30);
+constexpr uint8_t aeth_ack(uint8_t credits = kNoCredits) { return credits & 0x1f; }
 constexpr uint8_t aeth_rnr_nak(uint8_t timer) { return 0x20 | (timer & 0x1f); }
 constexpr uint8_t aeth_nak(uint8_t code) { return 0x60 | (code & 0x1f); }
 

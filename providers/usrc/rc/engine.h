@@ -201,6 +201,13 @@ class Engine {
   void post_recv_slot(Qp &qp, uint64_t len, bool bad = false) {
     post_recv_slot(*qp.rq, len, bad);
     if (qp.state == QpState::err) flush_queues(qp);
+    // A requester that waits for credits (ack_syndrome) learns of new
+    // receives from a duplicate ACK (IBA 9.7.7.2) when it was told of
+    // fewer than half of those posted now, not from the RNR NAK its next
+    // SEND would get.
+    if (qp.resp.told && 2 * static_cast<uint32_t>(std::max(psn_diff(qp.resp.told_lsn, qp.resp.msn), 0)) < qp.rq->size() &&
+        receives(qp.state))
+      schedule_ack(qp);
   }
   // A QP takes its receives from the SRQ q from now (created on it), or
   // from its own queue again (q nullptr: destroyed, it takes none).
@@ -312,7 +319,7 @@ class Engine {
   void fail_head(Qp &qp, WcStatus st);
   void check_timers(Qp &qp, uint64_t now);
   void rnr_resume(Qp &qp);
-  uint8_t ack_syndrome(const Qp &qp) const;
+  uint8_t ack_syndrome(Qp &qp);
   void take_credits(Qp &qp, uint8_t syndrome, uint32_t msn);
   bool credit_wait(const Qp &qp, const SendWqe &w) const;
   void sel_go_back(Qp &qp);

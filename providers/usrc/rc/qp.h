@@ -255,6 +255,8 @@ struct TmRecv {
 struct RespState {
   uint32_t epsn = 0;          // expected PSN (rq_psn)
   uint32_t msn = 0;
+  uint32_t told_lsn = 0;      // the MSN plus credit count of our last ACK (told: one was sent)
+  bool told = false;
   bool in_msg = false;        // a multi-packet message is being received
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
   bool nak_sent = false;      // a sequence NAK for epsn was sent: wait (IBA 9.7.5.2.3, NAK once)

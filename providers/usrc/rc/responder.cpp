@@ -40,8 +40,12 @@ bool Engine::ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn) {
 // 9.7.7.2), so that the requester sends no SEND the responder has to
 // refuse with an RNR NAK (and drop what follows it); none from an SRQ,
 // whose WQEs other QPs take too.
-uint8_t Engine::ack_syndrome(const Qp &qp) const {
-  return wire::aeth_ack(qp.on_srq() ? wire::kNoCredits : wire::credit_code(qp.rq->size()));
+uint8_t Engine::ack_syndrome(Qp &qp) {
+  if (qp.on_srq()) return wire::aeth_ack();
+  const uint8_t code = wire::credit_code(qp.rq->size());
+  qp.resp.told_lsn = msn_add(qp.resp.msn, wire::credit_count(code));
+  qp.resp.told = true;
+  return wire::aeth_ack(code);
 }
 
 // The headers of a response to qp's peer: opcode op for psn, an AETH of

@@ -657,6 +657,55 @@ TEST_CASE("a receiver that stops running for milliseconds is not taken for a los
   for (const Completion &c : drain(p.b.rcq)) CHECK(c.status == WcStatus::success);
 }
 
+TEST_CASE("READs and ATOMICs in flight to a responder that stops running: the timer resends the oldest alone, nothing goes back N, none executes twice", "[sim]") {
+  Pair p(7);
+  p.a.qp->attr.timeout = 20;   // Local ACK Timeout 4.3 s: only the retransmission timer acts
+  p.a.qp->attr.max_rd_atomic = 16;
+  const bool atomic = GENERATE(false, true);
+  constexpr uint64_t kOps = 16;
+  alignas(8) uint64_t word = 1000;
+  std::vector<uint8_t> remote(kOps * 2048), local(kOps * 2048, 0);
+  for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 7 + 1);
+  p.b.mem.regions[3] = {reinterpret_cast<uint8_t *>(&word), 0x2000, 8, kAccessRemoteAtomic};
+  p.b.mem.regions[4] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};
+  p.b.qp->attr.access = kAccessRemoteAtomic | kAccessRemoteRead;
+  std::vector<uint64_t> orig(kOps + 1, 0);
+  auto post = [&](uint64_t i) {
+    SendWr w = atomic ? rdma_wr(WrOpcode::atomic_fetch_add, reinterpret_cast<uint8_t *>(&orig[i]), 8, 0x2000, 3, i)
+                      : rdma_wr(WrOpcode::rdma_read, local.data() + i * 2048 % local.size(), 2048,
+                                0x100000 + i * 2048 % remote.size(), 4, i);   // two packets each
+    w.compare_add = 3;
+    REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
+  };
+  std::vector<Completion> sc;
+  auto ctr = [&](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  post(kOps);   // a round trip measured
+  REQUIRE(p.collect(sc, 1));
+  // b is descheduled for 5 ms with them all in flight: a's timer runs.
+  for (uint64_t i = 0; i < kOps; i++) post(i);
+  const uint64_t resent0 = ctr(p.a, Counter::retransmits), t_end = p.net.now() + 5'000'000;
+  while (p.net.now() < t_end) {
+    p.a.e->progress();
+    p.net.advance(std::max<uint64_t>(std::min(p.a.e->next_deadline(), t_end) - p.net.now(), 100));
+  }
+  const uint64_t alone = ctr(p.a, Counter::rto_resends);
+  REQUIRE(alone >= 1);
+  CHECK(ctr(p.a, Counter::retransmits) - resent0 == alone);   // one request each time
+  // Back, it answers the originals first (one datagram per pass at
+  // first), then each duplicate from the request it saved.
+  p.net.set_rx_batch(p.b.e->nic().local(), 1);
+  REQUIRE(p.collect(sc, kOps + 1));
+  for (const Completion &c : sc) CHECK(c.status == WcStatus::success);
+  CHECK(ctr(p.a, Counter::retransmits) - resent0 == alone);   // nothing went back N
+  CHECK(ctr(p.b, Counter::duplicates) == alone);
+  if (atomic) {
+    CHECK(word == 1000 + 3 * (kOps + 1));   // each add once
+    for (uint64_t i = 0; i < kOps; i++) CHECK(orig[i] == 1000 + 3 * (i + 1));
+  } else {
+    CHECK(std::memcmp(local.data(), remote.data(), remote.size()) == 0);
+  }
+}
+
 TEST_CASE("RNR: no receive WQE, rnr_retry exhausted gives RNR_RETRY_EXC_ERR", "[sim]") {
   Pair p(4);
   p.a.qp->attr.rnr_retry = 2;

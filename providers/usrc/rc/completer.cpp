@@ -141,15 +141,20 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   qp.sq.pop(done);
   bool progress = psn_diff(new_una, qp.comp.una_psn) > 0;
   if (progress) {
-    rtt_sample(qp, new_una);
     window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
-    qp.comp.una_psn = new_una;
-    qp.req.sel.back_wait = false;   // (what it waited for; sel_acked may wait again)
-    if (qp.req.sel.on) sel_acked(qp);
+    una_to(qp, new_una);
     advanced(qp);
   }
   if (gap) implied_nak(qp);
   return progress;
+}
+
+// una moves forward to new_una (an ACK, a READ response, an ATOMIC ACK).
+void Engine::una_to(Qp &qp, uint32_t new_una) {
+  rtt_sample(qp, new_una);
+  qp.comp.una_psn = new_una;
+  qp.req.sel.back_wait = false;   // (what it waited for; sel_acked may wait again)
+  if (qp.req.sel.on) sel_acked(qp);
 }
 
 // una moves to new_una: a round-trip sample if the timed packet is
@@ -213,8 +218,7 @@ void Engine::read_response(Qp &qp, const PacketView &v) {
   // Into the WQE's local buffers at off (one of them unmapped: a local
   // protection error, IBA 10.8.3.1).
   if (w.bad || !scatter(w.wr.sge, w.wr.num_sge, off, v.p.payload, want)) return fail_head(qp, WcStatus::loc_prot_err);
-  rtt_sample(qp, psn_add(psn, 1));
-  qp.comp.una_psn = psn_add(psn, 1);
+  una_to(qp, psn_add(psn, 1));
   if (last) complete_head(qp);
   advanced(qp);
   requester_tx(qp);
@@ -238,8 +242,7 @@ void Engine::atomic_ack(Qp &qp, const PacketView &v) {
   uint64_t orig = v.p.h.atomic_ack;
   if (w.bad || !guard::copy(w.wr.sge[0].addr, &orig, sizeof orig))   // host order, as rxe does
     return fail_head(qp, WcStatus::loc_prot_err);
-  rtt_sample(qp, psn_add(psn, 1));
-  qp.comp.una_psn = psn_add(psn, 1);
+  una_to(qp, psn_add(psn, 1));
   complete_head(qp);
   advanced(qp);
   requester_tx(qp);
@@ -490,8 +493,10 @@ void Engine::check_timers(Qp &qp, uint64_t now) {
       // kept what followed it acknowledges everything; one that lost more
       // acknowledges that packet alone and the rest goes back N
       // (sel_acked, which then shrinks the window; a peer that drops what
-      // follows a gap answers so too). Where that packet cannot be resent
-      // alone (a READ or ATOMIC, a WRITE placed directly): go back N now,
+      // follows a gap answers so too). A READ (the rest of its piece) or an
+      // ATOMIC goes alone too: a responder that has it answers the
+      // duplicate from the request it saved. Where that packet cannot be
+      // resent alone (a WRITE placed directly): go back N now,
       // the window shrunk as for a NAK, and to the minimum on a second
       // expiry without progress (an overflowing receiver whose losses no
       // later packet reveals).

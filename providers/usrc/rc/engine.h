@@ -299,6 +299,7 @@ class Engine {
   bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
   void time_round_trip(Qp &qp, uint32_t psn);
   void sel_acked(Qp &qp);
+  void una_to(Qp &qp, uint32_t new_una);
   bool place(Qp &qp, const SendWr &wr, uint64_t len);
   void update_gate(Qp &qp, bool live = true);
   // completer.cpp

@@ -21,6 +21,13 @@ using wire::Opcode;
          (qp.xrc == XrcRole::ini ? wire::kXrcOpcodeBase : 0);
 }
 
+// One past the last PSN of the piece of READ w (SendWqe::rd_piece, set when
+// it was first sent) that holds psn; an ATOMIC's one PSN.
+static uint32_t piece_end(const SendWqe &w, uint32_t psn) {
+  const uint32_t done = static_cast<uint32_t>(psn_diff(psn, w.first_psn));
+  return psn_add(w.first_psn, std::min(w.npkts, (done / w.rd_piece + 1) * w.rd_piece));
+}
+
 // Transmits what the window allows: new packets and, after go_back_n(),
 // packets again. Bounded per call (design: cap retransmits per pass).
 void Engine::requester_tx(Qp &qp) {
@@ -61,15 +68,14 @@ void Engine::requester_tx(Qp &qp) {
     // from a response gap asks for the rest of its piece, no more.
     uint32_t next = psn_add(qp.req.tx_psn, 1);
     if (rd) {
-      const uint32_t done = static_cast<uint32_t>(psn_diff(qp.req.tx_psn, w.first_psn));
       uint32_t room = wnd - static_cast<uint32_t>(psn_diff(qp.req.tx_psn, qp.comp.una_psn));
       if (!w.rd_piece) {
         if (room < w.npkts && room < wnd / 4) break;   // no tiny pieces
         w.rd_piece = std::max<uint32_t>(1, std::min(w.npkts, room));
       }
-      const uint32_t left = std::min(w.npkts, (done / w.rd_piece + 1) * w.rd_piece) - done;
+      next = piece_end(w, qp.req.tx_psn);
+      const uint32_t left = static_cast<uint32_t>(psn_diff(next, qp.req.tx_psn));
       if (room < left && room < wnd / 4) break;
-      next = psn_add(qp.req.tx_psn, left);
     }
     if (qp.attr.rate_bps) {
       // Packet pacing: a token bucket of 64 KB at the QP's rate.
@@ -328,8 +334,11 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // a gap (as ours does, Engine::hold) then has all it needs and
 // acknowledges them together, and a lost packet costs one resend, not the
 // window. One that drops them (IBA allows either) acknowledges that packet
-// alone (sel_acked). A probe (check_timers) resends una the same way.
-// False: go back N.
+// alone (sel_acked). A probe (check_timers) resends una the same way; from
+// there a READ (the rest of its piece) or an ATOMIC also goes alone: a
+// responder that has it already answers the duplicate from the request it
+// saved (IBA 9.7.5.1.4; an ATOMIC's result, never executed twice), one
+// that lost it takes it. False: go back N.
 bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
   if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.comp.rnr_deadline)
     return false;   // (as requester_tx)
@@ -341,14 +350,16 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
   const uint64_t pos = wqe_of(qp, psn);
   if (pos == qp.sq.tail) return false;
   SendWqe &w = qp.sq.at(pos);
-  if (is_rd_atomic(w.wr.opcode) || w.placed) return false;
-  build_request(qp, w, psn, psn_add(psn, 1), true);
+  const bool rd = is_rd_atomic(w.wr.opcode);
+  if ((rd && !probe) || w.placed) return false;
+  const uint32_t next = rd ? piece_end(w, psn) : psn_add(psn, 1);
+  build_request(qp, w, psn, next, true);
   count(Counter::retransmits);
   qp.comp.rtt_on = false;   // (Karn, as go_back_n)
   if (probe && qp.req.sel.on && qp.req.sel.psn == psn) return true;   // (a resend of the NAK's resend)
   if (!probe) count(Counter::selective_resends);
   qp.req.sel.on = true;
-  qp.req.sel.psn = psn;
+  qp.req.sel.psn = psn_add(next, kPsnMask);   // (its last PSN: a READ's may be more than one)
   qp.req.sel.probe = probe;
   return true;
 }

@@ -317,7 +317,7 @@ void Engine::take_credits(Qp &qp, uint8_t syndrome, uint32_t msn) {
 // credits). With none in flight it goes, as IBA lets a requester without
 // credits send one message: the responder takes it or sends an RNR NAK.
 bool Engine::credit_wait(const Qp &qp, const SendWqe &w) const {
-  return qp.req.limited && (wr_info(w.wr.opcode).mask & WR_CONSUMES_RWQE) && psn_lt(qp.req.lsn, w.ssn) &&
+  return (wr_info(w.wr.opcode).mask & WR_CONSUMES_RWQE) && !qp.req.within_credits(w.ssn) &&
          !psn_lt(w.first_psn, qp.req.tx_high) && qp.comp.una_psn != qp.req.tx_high;
 }
 

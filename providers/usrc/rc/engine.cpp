@@ -188,7 +188,7 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.local.placed = 0;
       qp.req.tx_pos = 0;
       qp.resp.msn = 0;
-      qp.resp.told = false;
+      qp.resp.told_lsn = RespState::kNotTold;
       qp.resp.in_msg = qp.resp.nak_sent = qp.resp.ack_pending = qp.resp.comm_est = qp.local.small_run = false;
       qp.resp.tail_at_hold = ~0ull;
       qp.resp.again_at = 0;

@@ -151,7 +151,7 @@ class Engine {
   bool small_ready(const Qp &qp, uint64_t len) const {
     return qp.local.in_place && len <= kTxCopy && len <= qp.attr.pmtu && qp.state == QpState::rts &&
            !qp.comp.rnr_deadline && !qp.attr.rate_bps &&
-           (!qp.req.limited || psn_lt(qp.req.ssn, qp.req.lsn)) &&   // (the next message within the credits)
+           qp.req.within_credits(msn_add(qp.req.ssn, 1)) &&   // (the next message)
            (qp.req.tx_psn == qp.req.next_psn ||
             (qp.local.small_run && psn_diff(qp.req.tx_psn, qp.local.small_tail) >= 0));
   }
@@ -201,13 +201,15 @@ class Engine {
   void post_recv_slot(Qp &qp, uint64_t len, bool bad = false) {
     post_recv_slot(*qp.rq, len, bad);
     if (qp.state == QpState::err) flush_queues(qp);
-    // A requester that waits for credits (ack_syndrome) learns of new
-    // receives from a duplicate ACK (IBA 9.7.7.2) when it was told of
-    // fewer than half of those posted now, not from the RNR NAK its next
-    // SEND would get.
-    if (qp.resp.told && 2 * static_cast<uint32_t>(std::max(psn_diff(qp.resp.told_lsn, qp.resp.msn), 0)) < qp.rq->size() &&
-        receives(qp.state))
-      schedule_ack(qp);
+    if (credits_behind(qp) && receives(qp.state)) schedule_ack(qp);
+  }
+  // A requester that waits for credits (ack_syndrome) learns of new
+  // receives from a duplicate ACK (IBA 9.7.7.2) when it was told of fewer
+  // than half of those posted now, not from the RNR NAK its next SEND
+  // would get.
+  static bool credits_behind(const Qp &qp) {
+    return qp.resp.told_lsn != RespState::kNotTold &&
+           2 * static_cast<uint32_t>(std::max(psn_diff(qp.resp.told_lsn, qp.resp.msn), 0)) < qp.rq->size();
   }
   // A QP takes its receives from the SRQ q from now (created on it), or
   // from its own queue again (q nullptr: destroyed, it takes none).

@@ -11,6 +11,7 @@
 #include "usrc/net/nic.h"
 #include "usrc/rc/buffer.h"
 #include "usrc/rc/cq.h"
+#include "usrc/rc/psn.h"
 #include "usrc/rc/types.h"
 
 namespace usrc::rc {
@@ -199,6 +200,8 @@ struct ReqState {
   // the last ACK gave one).
   uint32_t ssn = 0, lsn = 0;
   bool limited = false;
+  // Whether the message numbered ssn may take a receive WQE now.
+  bool within_credits(uint32_t ssn_of) const { return !limited || !psn_lt(lsn, ssn_of); }
 };
 
 // The completer's state (completer.cpp): ACKs and NAKs in, WQEs retired,
@@ -255,8 +258,8 @@ struct TmRecv {
 struct RespState {
   uint32_t epsn = 0;          // expected PSN (rq_psn)
   uint32_t msn = 0;
-  uint32_t told_lsn = 0;      // the MSN plus credit count of our last ACK (told: one was sent)
-  bool told = false;
+  uint32_t told_lsn = kNotTold;   // the MSN plus credit count of our last ACK
+  static constexpr uint32_t kNotTold = ~0u;   // (no ACK gave one: an MSN has 24 bits)
   bool in_msg = false;        // a multi-packet message is being received
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
   bool nak_sent = false;      // a sequence NAK for epsn was sent: wait (IBA 9.7.5.2.3, NAK once)

@@ -44,7 +44,6 @@ uint8_t Engine::ack_syndrome(Qp &qp) {
   if (qp.on_srq()) return wire::aeth_ack();
   const uint8_t code = wire::credit_code(qp.rq->size());
   qp.resp.told_lsn = msn_add(qp.resp.msn, wire::credit_count(code));
-  qp.resp.told = true;
   return wire::aeth_ack(code);
 }
 

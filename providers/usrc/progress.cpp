@@ -91,12 +91,14 @@ void Context::progress_loop() {
   // written, not rounded up by the default 50 us timer slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   bool nic_woke = false;   // packets ended a sleep while the application polled
+  uint32_t took = 0;       // packets the application took during that sleep
   uint64_t crowded_at = 0;   // when cores_crowded() was last looked at
   bool crowded = false;
   while (!stop_) {
     uint64_t now = now_ns();
     const uint64_t app = app_polled_.load(std::memory_order_relaxed);
     const uint64_t calls = app_calls_.load(std::memory_order_relaxed);
+    if (took) policy.app_took(now, took), took = 0;
     ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, calls)
                                           : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd), calls);
     nic_woke = false;
@@ -181,8 +183,14 @@ void Context::progress_loop() {
     // (And on the XRC socket, if there is one: packets other processes'
     // targets forward. While the application polls, it takes them.)
     fds[3].fd = watch ? -1 : xrc_fd_.load(std::memory_order_acquire);
+    const bool nic_watch = watch && on_nic;
+    if (nic_watch) nic_watched_.store(true, std::memory_order_relaxed);
     int r = ppoll(fds, 4, tsp, nullptr);
     if (doorbell) engine_->nic().end_wait();
+    if (nic_watch) {
+      nic_watched_.store(false, std::memory_order_relaxed);
+      took = app_took_.exchange(0, std::memory_order_relaxed);
+    }
     if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;
@@ -268,15 +276,20 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
-  engine_->progress(looping, now, direct ? &wc : nullptr);
+  const size_t received = engine_->progress(looping, now, direct ? &wc : nullptr);
   xrc_progress();
   const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();
   engine_->mu.unlock();
-  if (pending) {
-    // Packets left in the NIC and an application that may not call again:
-    // the progress thread, maybe asleep on the socket, takes them.
+  // Packets taken here while the progress thread sleeps on the NIC woke it
+  // in the kernel each: a stream of them has it told, once, to get off.
+  const bool stream = received && nic_watched_.load(std::memory_order_relaxed) &&
+                      app_took_.fetch_add(1, std::memory_order_relaxed) + 1 == ProgressPolicy::kTookWake;
+  if (pending || stream) {
+    // (pending: packets left in the NIC and an application that may not
+    // call again: the progress thread, maybe asleep on the socket, takes
+    // them.)
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof one);
   }

@@ -36,11 +36,8 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     }
     // Taken: the application receives in its own thread (two threads
     // racing for the same packets cost a wake-up and a core each).
-    // (A quiet spell since the last, off the NIC or not: not a stream.)
-    if (woke_ > std::max(last_hand_, nic_off_until_) + cfg_.app_quiet_ns) hands_ = 0;
-    woke_ = 0, last_hand_ = now;
-    if (++hands_ > kStreamHands)
-      nic_off_until_ = now + std::min(kOffNs << std::min(hands_ - kStreamHands - 1, 16u), cfg_.app_quiet_ns);
+    woke_ = 0;
+    app_took(now, 1);
   }
   // The application polls: it receives and runs the timers in its own
   // thread. Look again when it may have gone quiet. Every look wakes this
@@ -57,6 +54,15 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
   // instead (above).
   if (cfg_.no_wait_fd_poll_ns) return {Do::sleep, std::min(until, now + cfg_.no_wait_fd_poll_ns), true};
   return {Do::sleep, until, true};   // (until > now: busy_until is)
+}
+
+void ProgressPolicy::app_took(uint64_t now, uint32_t n) {
+  // (A quiet spell since the last, off the NIC or not: not a stream.)
+  if (now > std::max(last_hand_, nic_off_until_) + cfg_.app_quiet_ns) hands_ = 0;
+  last_hand_ = now;
+  hands_ += n;
+  if (hands_ > kStreamHands)
+    nic_off_until_ = now + std::min(kOffNs << std::min(hands_ - kStreamHands - 1, 16u), cfg_.app_quiet_ns);
 }
 
 ProgressPolicy::Decision ProgressPolicy::nic_woke(uint64_t now, uint64_t app_calls) {

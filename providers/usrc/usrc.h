@@ -374,6 +374,10 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   std::atomic<uint64_t> app_calls_{0};
   void note_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
   std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
+  // ... on the NIC as well; and the packets the application took in its own
+  // passes meanwhile (ProgressPolicy::app_took).
+  std::atomic<bool> nic_watched_{false};
+  std::atomic<uint32_t> app_took_{0};
   int wake_fd_ = -1;                        // eventfd
   net::Rtnl nl_;                            // rtnetlink: the netdev's link and addresses
   int nl_fd_ = -1;                          // its descriptor (-1: none)

@@ -353,13 +353,14 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
   const bool rd = is_rd_atomic(w.wr.opcode);
   if ((rd && !probe) || w.placed) return false;
   const uint32_t next = rd ? piece_end(w, psn) : psn_add(psn, 1);
+  const uint32_t last = psn_add(next, kPsnMask);   // (a READ's piece may be more than one PSN)
   build_request(qp, w, psn, next, true);
   count(Counter::retransmits);
   qp.comp.rtt_on = false;   // (Karn, as go_back_n)
-  if (probe && qp.req.sel.on && qp.req.sel.psn == psn) return true;   // (a resend of the NAK's resend)
+  if (probe && qp.req.sel.on && qp.req.sel.psn == last) return true;   // (a resend of the NAK's resend)
   if (!probe) count(Counter::selective_resends);
   qp.req.sel.on = true;
-  qp.req.sel.psn = psn_add(next, kPsnMask);   // (its last PSN: a READ's may be more than one)
+  qp.req.sel.psn = last;
   qp.req.sel.probe = probe;
   return true;
 }

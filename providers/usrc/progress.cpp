@@ -90,8 +90,8 @@ void Context::progress_loop() {
   // The policy's short sleeps (ProgressPolicy::kOffNs) are meant as
   // written, not rounded up by the default 50 us timer slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  bool nic_woke = false;   // packets ended a sleep while the application polled
-  uint32_t took = 0;       // packets the application took during that sleep
+  bool nic_woke = false;   // datagrams ended a sleep while the application polled
+  uint32_t took = 0;       // the application's passes that took some during that sleep
   uint64_t crowded_at = 0;   // when cores_crowded() was last looked at
   bool crowded = false;
   while (!stop_) {
@@ -113,13 +113,13 @@ void Context::progress_loop() {
       // kick() need not wake us for a timer.
       sleep_until_.store(0, std::memory_order_release);
       // (app_waits() wakes us: set before its look at app_polled_ below.)
-      watching_.store(true, std::memory_order_seq_cst);
+      watch_.store(kWatch, std::memory_order_seq_cst);
       if (!policy.app_active(now, app_polled_.load(std::memory_order_seq_cst))) {
-        watching_.store(false, std::memory_order_relaxed);
+        watch_.store(kAwake, std::memory_order_relaxed);
         continue;
       }
     } else {
-      watching_.store(false, std::memory_order_relaxed);
+      watch_.store(kAwake, std::memory_order_relaxed);
       std::lock_guard g(engine_->mu);
       const size_t received = engine_->progress();
       xrc_progress();
@@ -184,14 +184,14 @@ void Context::progress_loop() {
     // targets forward. While the application polls, it takes them.)
     fds[3].fd = watch ? -1 : xrc_fd_.load(std::memory_order_acquire);
     const bool nic_watch = watch && on_nic;
-    if (nic_watch) nic_watched_.store(true, std::memory_order_relaxed);
+    if (nic_watch) watch_.store(kWatchNic, std::memory_order_relaxed);
     int r = ppoll(fds, 4, tsp, nullptr);
     if (doorbell) engine_->nic().end_wait();
     if (nic_watch) {
-      nic_watched_.store(false, std::memory_order_relaxed);
+      watch_.store(kWatch, std::memory_order_relaxed);
       took = app_took_.exchange(0, std::memory_order_relaxed);
     }
-    if (watch && on_nic && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
+    if (nic_watch && r > 0 && (fds[0].revents & POLLIN)) nic_woke = true;
     if (r > 0 && (fds[1].revents & POLLIN)) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
@@ -253,10 +253,10 @@ void Context::found_completions() {
 }
 
 void Context::app_waits() {
-  // (Against progress_loop's store of watching_ and look at app_polled_:
+  // (Against progress_loop's store of watch_ and look at app_polled_:
   // one of the two sees the other.)
   app_polled_.store(0, std::memory_order_seq_cst);
-  if (watching_.load(std::memory_order_seq_cst)) {
+  if (watch_.load(std::memory_order_seq_cst) != kAwake) {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof one);
   }
@@ -276,15 +276,17 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
-  const size_t received = engine_->progress(looping, now, direct ? &wc : nullptr);
+  engine_->progress(looping, now, direct ? &wc : nullptr);
+  const size_t off_nic = engine_->wire_received();
   xrc_progress();
   const uint32_t n = wc.n;
   // (Looked at only if needed: the ring's head is another core's line.)
   const bool pending = !looping && engine_->nic().rx_pending();
   engine_->mu.unlock();
-  // Packets taken here while the progress thread sleeps on the NIC woke it
-  // in the kernel each: a stream of them has it told, once, to get off.
-  const bool stream = received && nic_watched_.load(std::memory_order_relaxed) &&
+  // Datagrams taken off the NIC here while the progress thread sleeps on
+  // its fd woke it in the kernel (a same-host peer's ring does not): a
+  // stream of such passes has it told, once, to get off.
+  const bool stream = off_nic && watch_.load(std::memory_order_relaxed) == kWatchNic &&
                       app_took_.fetch_add(1, std::memory_order_relaxed) + 1 == ProgressPolicy::kTookWake;
   if (pending || stream) {
     // (pending: packets left in the NIC and an application that may not

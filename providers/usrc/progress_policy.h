@@ -58,10 +58,11 @@ class ProgressPolicy {
   // packet.
   static constexpr uint32_t kStreamHands = 4;
   static constexpr uint64_t kOffNs = 10'000;
-  // Packets the application takes while the thread sleeps on the NIC wake
-  // the thread in the kernel all the same (its ppoll then finds them gone
-  // and sleeps on, unseen here): the application counts them, and at this
-  // many wakes the thread to tell it (app_took), once per stretch.
+  // Datagrams the application takes off the NIC while the thread sleeps on
+  // its fd wake the thread in the kernel all the same (its ppoll then finds
+  // them gone and sleeps on, unseen here): the application counts its
+  // passes that took some, and at this many wakes the thread to tell it
+  // (app_took), once per stretch.
   static constexpr uint32_t kTookWake = kStreamHands + 1;
 
   explicit ProgressPolicy(const Config &c) : cfg_(c) {}
@@ -86,9 +87,10 @@ class ProgressPolicy {
   // application gets kHandNs to take them (Do::hold; the next next() looks).
   Decision nic_woke(uint64_t now, uint64_t app_calls);
 
-  // The application took n packets in its own passes while the thread
-  // slept on the NIC (counted as it took them; a wake-up at kTookWake):
-  // hands as nic_woke's are, so that a stream keeps the thread off the NIC.
+  // n of the application's own passes took datagrams off the NIC while the
+  // thread slept on its fd (counted as they took them; a wake-up at
+  // kTookWake): hands as nic_woke's are, so that a stream keeps the thread
+  // off the NIC.
   void app_took(uint64_t now, uint32_t n);
 
   // After a progress pass at now: received packets, the engine's next

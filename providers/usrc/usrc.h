@@ -373,10 +373,11 @@ class Context final : public rc::MemoryAccess, public rc::EngineHooks {
   // writer at a time mostly, so a load and a store, not an atomic add.
   std::atomic<uint64_t> app_calls_{0};
   void note_call() { app_calls_.store(app_calls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-  std::atomic<bool> watching_{false};       // the progress thread sleeps while it polls
-  // ... on the NIC as well; and the packets the application took in its own
-  // passes meanwhile (ProgressPolicy::app_took).
-  std::atomic<bool> nic_watched_{false};
+  // The progress thread sleeps while the application polls (watch), on the
+  // NIC's fd as well (nic); and the application's own passes meanwhile that
+  // took datagrams off that fd (ProgressPolicy::app_took).
+  enum Watch : uint8_t { kAwake, kWatch, kWatchNic };
+  std::atomic<uint8_t> watch_{kAwake};
   std::atomic<uint32_t> app_took_{0};
   int wake_fd_ = -1;                        // eventfd
   net::Rtnl nl_;                            // rtnetlink: the netdev's link and addresses

@@ -623,6 +623,7 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   // sooner and works while the receiver does (a batch of 32 64-byte
   // SENDs is about 2 us of work here).
   size_t received = 0;
+  wire_received_ = 0;
   for (int round = 0, rounds = app ? 1 : 4; round < rounds; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n;) {
@@ -640,6 +641,7 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
       handle_packet(pkts[i++]);
     }
     received += n;
+    for (size_t i = 0; i < n; i++) wire_received_ += !pkts[i].trusted;
     if (round + 1 == rounds || (n < batch && !nic_->rx_pending())) break;
   }
   now = pass_time_;   // timers: the pass start is recent enough

@@ -236,9 +236,11 @@ class Engine {
   // now: the caller's clock reading, if it has one (0: read it here).
   // direct: a poller's array this pass may write receive completions
   // into (DirectWc); its n is set to how many it wrote.
-  // Returns how many packets it received.
+  // Returns how many packets it received; wire_received() how many of
+  // those came off the NIC itself (not a same-host peer's ring).
   struct DirectWc;
   size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
+  size_t wire_received() const { return wire_received_; }
   // A poller's array that progress() may write the receive completions of
   // one CQ into, straight, instead of that CQ's ring (a poll that found
   // the ring empty: the completion is then written once, not pushed,
@@ -597,6 +599,7 @@ class Engine {
   std::array<net::TxPacket, kTxBatch> tx_pkts_{};
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
+  size_t wire_received_ = 0;     // the last progress()'s, for wire_received()
   bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;

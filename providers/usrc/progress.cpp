@@ -120,14 +120,33 @@ void Context::progress_loop() {
       }
     } else {
       watch_.store(kAwake, std::memory_order_relaxed);
-      std::lock_guard g(engine_->mu);
-      const size_t received = engine_->progress();
-      xrc_progress();
-      now = now_ns();
-      d = policy.after_pass(now, received != 0, engine_->next_deadline(),
-                            engine_->nic().rx_pending());
-      // kick() wakes us only for a timer earlier than this.
-      sleep_until_.store(d.until, std::memory_order_release);
+      const bool handed = d.handed;
+      bool held = false;
+      {
+        std::lock_guard g(engine_->mu);
+        // (Packets the polling application left: a pass as its own, which
+        // holds the ACKs for its next call.)
+        const size_t received = engine_->progress(handed);
+        held = engine_->acks_held();
+        xrc_progress();
+        now = now_ns();
+        d = policy.after_pass(now, received != 0, engine_->next_deadline(),
+                              engine_->nic().rx_pending());
+        // kick() wakes us only for a timer earlier than this.
+        sleep_until_.store(d.until, std::memory_order_release);
+      }
+      if (held) {
+        // A passive target (spinning on its memory, ib_write_lat) that
+        // answers what we placed: its reply carries the ACKs, and the peer,
+        // polling for them, takes the reply in the same pass instead of its
+        // own progress thread being woken for it (on a machine whose cores
+        // are all busy, each such wake-up may hand a core to another
+        // process for a time slice). kHandNs at most, then they go alone.
+        const uint64_t until = now + ProgressPolicy::kHandNs;
+        while (now_ns() < until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+        std::lock_guard g(engine_->mu);
+        engine_->flush_acks();
+      }
     }
     if (d.what == ProgressPolicy::Do::take_engine) continue;
     // Spin only while a core is free: with every core taken (applications

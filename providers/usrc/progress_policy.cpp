@@ -18,7 +18,7 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     // between the looks whether or not it receives.)
     if (nic_ready && pending_seen_) {
       pending_seen_ = false, looks_active_ = 0, hands_ = 0;
-      return {Do::take_engine};
+      return {Do::take_engine, 0, false, true};
     }
     pending_seen_ = nic_ready;
   }
@@ -32,7 +32,7 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     // posts that keep it from its next poll a while.)
     if (nic_ready && app_calls == calls_at_wake_) {
       woke_ = 0, looks_active_ = 0, hands_ = 0;
-      return {Do::take_engine};
+      return {Do::take_engine, 0, false, true};
     }
     // Taken: the application receives in its own thread (two threads
     // racing for the same packets cost a wake-up and a core each).

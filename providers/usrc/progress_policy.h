@@ -36,6 +36,9 @@ class ProgressPolicy {
     // kick() must beat to wake the thread; UINT64_MAX: no timer at all).
     uint64_t until = 0;
     bool on_nic = false;   // sleep on the NIC's fd as well
+    // take_engine: for packets the polling application left (kHandNs): a
+    // passive target's, whose reply, if it posts one soon, carries the ACKs.
+    bool handed = false;
   };
 
   // Looks found the application still polling, in a row: each one doubles

@@ -52,6 +52,7 @@ struct Model {
 
   // What the thread did.
   std::vector<uint64_t> takes, watch_sleeps, nic_sleeps;   // when
+  std::vector<bool> handed;   // each take: for packets the polling application left
   std::vector<uint64_t> watch_lengths;                     // how long each watch lasted
   uint64_t spins = 0, netlink_looks = 0, last_until = 0, wakes = 0, nic_wakes = 0;
   // Arrivals the polling application took while the thread slept on the
@@ -125,6 +126,7 @@ struct Model {
         if (!policy.app_active(now, app_polled())) continue;   // the re-check
       } else {
         takes.push_back(now);
+        handed.push_back(d.handed);
         const bool got = pass();
         const bool pending = rx_pending_once;
         rx_pending_once = false;
@@ -258,6 +260,12 @@ TEST_CASE("a polling application that stops: a packet after its last poll is tak
     const uint64_t late = m.received_at[0] - m.arrivals[0];
     INFO("arrived " << gap / kUs << " us after the last poll, taken " << late << " ns later");
     CHECK(late <= ProgressPolicy::kHandNs);
+    // Once the application has gone quiet, no reply of its will carry the
+    // ACKs: the pass is the thread's own, which sends them at once.
+    if (gap >= 1 * kMs) {
+      REQUIRE(m.handed.size() == m.takes.size());
+      CHECK(std::none_of(m.handed.begin(), m.handed.end(), [](bool h) { return h; }));
+    }
   }
   // The same right after a stream that kept the thread off the NIC: within
   // a quiet time and kHandNs.
@@ -291,6 +299,12 @@ static uint64_t passive_target(Model &m, uint64_t gap) {
     REQUIRE(m.received_at[i] != kNever);
     REQUIRE_FALSE(m.by_app[i]);
     worst = std::max(worst, m.received_at[i] - m.arrivals[i]);
+    // ... in a pass marked as the application's (its ACK waits for the
+    // reply the application posts, which carries it: the peer, polling for
+    // that ACK, then takes the reply itself).
+    const auto t = std::find(m.takes.begin(), m.takes.end(), m.received_at[i]);
+    REQUIRE(t != m.takes.end());
+    CHECK(m.handed[size_t(t - m.takes.begin())]);
   }
   return worst;
 }

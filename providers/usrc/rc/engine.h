@@ -241,6 +241,12 @@ class Engine {
   struct DirectWc;
   size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
   size_t wire_received() const { return wire_received_; }
+  // A pass for the application (progress(true)) may hold its ACKs for the
+  // next transmit: whether it did, and sending them now.
+  bool acks_held() const { return acks_held_; }
+  void flush_acks() {
+    if (acks_held_) tx_flush();
+  }
   // A poller's array that progress() may write the receive completions of
   // one CQ into, straight, instead of that CQ's ring (a poll that found
   // the ring empty: the completion is then written once, not pushed,

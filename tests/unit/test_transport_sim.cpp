@@ -1493,6 +1493,34 @@ TEST_CASE("a burst of posts goes out as it is posted where sending is cheap, at 
   }
 }
 
+// ib_write_lat: a peer's post sends its request and the ACK of our last
+// one together, and our polling application may take them in two passes.
+// The ACK of the request still waits for our reply, so that the peer,
+// polling for it, takes the reply in the same pass instead of leaving it to
+// its progress thread while it spins on its memory.
+TEST_CASE("an ACK held for a reply stays held through the application's next passes, for kAckHoldNs", "[sim]") {
+  GsoPair p(43, false);
+  auto &net = p.net;
+  auto &a = p.a, &b = p.b;
+  GsoNic *bn = p.gso;
+  std::vector<uint8_t> ping(8, 1), pong(8, 2), rb(64), ra(64);
+  REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data(), 64)) == 0);
+  REQUIRE(a.e->post_recv(*a.qp, recv_wr(ra.data(), 64)) == 0);
+  REQUIRE(a.e->post_send(*a.qp, send_wr(ping.data(), 8)) == 0);
+  net.advance(10'000);
+  b.e->progress(true);
+  REQUIRE(drain(b.rcq).size() == 1);
+  // A pass that receives nothing more (or only the ACK that came behind
+  // the request) keeps it.
+  net.advance(Engine::kAckHoldNs / 2);
+  b.e->progress(true);
+  CHECK(bn->sends.empty());
+  REQUIRE(b.e->post_send(*b.qp, send_wr(pong.data(), 8)) == 0);
+  REQUIRE(bn->sends.size() == 1);
+  CHECK(bn->sends[0] == std::vector<uint8_t>{uint8_t(usrc::wire::Opcode::RC_SEND_ONLY),
+                                             uint8_t(usrc::wire::Opcode::RC_ACKNOWLEDGE)});
+}
+
 TEST_CASE("a NIC that stops taking segmented sends gets single datagrams from then on", "[sim]") {
   GsoPair p(47, true);
   auto &net = p.net;
@@ -1528,12 +1556,16 @@ TEST_CASE("a receiver that never replies sends its ACKs at once, not with a repl
   std::vector<uint8_t> msg(64, 3), rb(64 * 8);
   for (int i = 0; i < 8; i++)
     REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data() + 64 * i, 64)) == 0);
-  // The first message: b may reply, so its ACK waits for the next transmit
-  // (as in the test above); b's next pass sends it.
+  // The first message: b may reply, so its ACK waits for the reply (as in
+  // the test above); b's passes keep it for kAckHoldNs, then send it.
   REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 64)) == 0);
   net.advance(10'000);
   b.e->progress(true);
   CHECK(bn->sends.empty());
+  net.advance(Engine::kAckHoldNs - 1);
+  b.e->progress(true);
+  CHECK(bn->sends.empty());
+  net.advance(1);
   b.e->progress(true);
   REQUIRE(bn->sends.size() == 1);
   // b posted nothing since: from now on each pass's ACK leaves in that pass.

@@ -131,6 +131,10 @@ class Nic {
   // backend that receives coalesced datagrams (UDP GRO) hands them out one
   // by one.
   virtual size_t recv(std::span<RxPacket> out) = 0;
+  // The datagrams the last recv() handed out are handled: their buffers
+  // may go back to the backend now rather than at the next recv() (an
+  // AF_XDP ring shows its fd readable until they do).
+  virtual void rx_done() {}
   // Datagrams already received from the kernel and not yet handed out by
   // recv() (the rest of a coalesced receive), which wait_fd() does not
   // show, or a stream whose next datagrams are likely waiting: call recv()
@@ -176,6 +180,7 @@ class NicDecorator : public Nic {
   int bound_fd() const override { return inner_->bound_fd(); }
   size_t send(std::span<const TxPacket> pkts) override { return inner_->send(pkts); }
   size_t recv(std::span<RxPacket> out) override { return inner_->recv(out); }
+  void rx_done() override { inner_->rx_done(); }
   bool rx_pending() const override { return inner_->rx_pending(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }

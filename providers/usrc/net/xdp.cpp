@@ -170,12 +170,7 @@ class XdpNic final : public Nic {
   }
 
   size_t recv(std::span<RxPacket> out) override {
-    // Frames handed out last time are consumed: release them, refill.
-    if (held_) {
-      xsk_ring_cons__release(&rx_, held_);
-      refill();
-      held_ = 0;
-    }
+    rx_done();
     uint32_t idx = 0, n = 0;
     const uint32_t take = xsk_ring_cons__peek(&rx_, uint32_t(std::min<size_t>(out.size(), kRing)), &idx);
     for (uint32_t i = 0; i < take; i++) {
@@ -194,6 +189,15 @@ class XdpNic final : public Nic {
     }
     held_ = take;
     return n;
+  }
+
+  // Frames handed out are consumed: released (the fd is readable while
+  // any is held), and the fill ring refilled.
+  void rx_done() override {
+    if (!held_) return;
+    xsk_ring_cons__release(&rx_, held_);
+    refill();
+    held_ = 0;
   }
 
   int init(Endpoint local, const std::string &netdev, std::string *err, int *errno_out) {

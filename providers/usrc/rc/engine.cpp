@@ -640,6 +640,7 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
       }
       handle_packet(pkts[i++]);
     }
+    if (n) nic_->rx_done();
     received += n;
     for (size_t i = 0; i < n; i++) wire_received_ += !pkts[i].trusted;
     if (round + 1 == rounds || (n < batch && !nic_->rx_pending())) break;
@@ -676,11 +677,16 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   }
   if (!blocked) tx_next_ = 0;
   // Only ACKs to send (no response, resend or request): hold them, not yet
-  // built, for the next transmit (the next post_send or progress), if
-  // their QPs answer what they receive (see replies()).
-  if (app && !acks_held_ && tx_nslots_ == 0 && !ack_list_.empty() && replies()) {
-    acks_held_ = true;
-    return received;
+  // built, for the application's reply (its next post_send), if their QPs
+  // answer what they receive (see replies()); its later passes keep them
+  // for kAckHoldNs at most.
+  if (app && tx_nslots_ == 0 && !ack_list_.empty()) {
+    if (!acks_held_ && replies()) {
+      acks_held_ = true;
+      acks_held_at_ = now;
+      return received;
+    }
+    if (acks_held_ && now - acks_held_at_ < kAckHoldNs) return received;
   }
   tx_flush();
   check_faults();

@@ -241,6 +241,12 @@ class Engine {
   struct DirectWc;
   size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
   size_t wire_received() const { return wire_received_; }
+  // Held ACKs wait this long at most for a reply while the application
+  // polls on (its passes keep them): a request and the ACK that a peer's
+  // post sent with it may arrive in two passes, and an ACK sent alone
+  // after the first leaves the peer spinning on its memory when our reply
+  // comes (ib_write_lat), for its progress thread to take.
+  static constexpr uint64_t kAckHoldNs = 10'000;
   // A pass for the application (progress(true)) may hold its ACKs for the
   // next transmit: whether it did, and sending them now.
   bool acks_held() const { return acks_held_; }
@@ -607,6 +613,7 @@ class Engine {
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   size_t wire_received_ = 0;     // the last progress()'s, for wire_received()
   bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
+  uint64_t acks_held_at_ = 0;    // ... in a pass at this time
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;
   bool grp_open_ = false;

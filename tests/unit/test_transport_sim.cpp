@@ -936,6 +936,40 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
   CHECK(std::memcmp(target.data(), src.data(), src.size()) == 0);
 }
 
+TEST_CASE("after a loss, a QP that only READs grows its send window back as the responses come", "[sim]") {
+  net::SimFaults f;
+  f.drop = 0.03;
+  Pair p(23, f);
+  p.a.qp->attr.timeout = 20;   // no Local ACK Timeout: only implied NAKs and the RTO act
+  REQUIRE(p.a.qp->req.cwnd == 64);
+  std::vector<uint8_t> remote(1 << 20), local(1 << 20, 0);
+  for (size_t i = 0; i < remote.size(); i++) remote[i] = uint8_t(i * 7 + 1);
+  p.b.mem.regions[9] = {remote.data(), 0x100000, remote.size(), kAccessRemoteRead};
+  p.b.qp->attr.access = kAccessRemoteRead;
+  // 64 READs of 16 packets each, then as many again; returns the smallest
+  // window seen meanwhile.
+  auto reads = [&] {
+    for (uint32_t i = 0; i < 64; i++)
+      REQUIRE(p.a.e->post_send(*p.a.qp, rdma_wr(WrOpcode::rdma_read, local.data() + i * 16384, 16384,
+                                                 0x100000 + i * 16384, 9, i)) == 0);
+    uint32_t least = p.a.qp->req.cwnd;
+    size_t done = 0;
+    REQUIRE(p.run([&] {
+      least = std::min(least, p.a.qp->req.cwnd);
+      for (const Completion &c : drain(p.a.scq)) done += c.status == WcStatus::success;
+      return done == 64;
+    }));
+    return least;
+  };
+  CHECK(reads() < 64);   // lost responses: the window fell
+  REQUIRE(p.a.e->counters[uint32_t(Counter::implied_naks)] + p.a.e->counters[uint32_t(Counter::rto_resends)] > 0);
+  p.net.set_faults({});
+  for (int round = 0; round < 3; round++) reads();
+  INFO("ssthresh " << p.a.qp->req.ssthresh);
+  CHECK(p.a.qp->req.cwnd == 64);
+  CHECK(std::memcmp(local.data(), remote.data(), local.size()) == 0);
+}
+
 // Four 16 KB RDMA WRITEs (64 packets of 1 KB) from a to b; the first
 // transmission of each request packet whose PSN is in lose is dropped
 // (0x800000: the first sequence NAK). Returns whether all four completed

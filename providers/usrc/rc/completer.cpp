@@ -141,7 +141,6 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   qp.sq.pop(done);
   bool progress = psn_diff(new_una, qp.comp.una_psn) > 0;
   if (progress) {
-    window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
     una_to(qp, new_una);
     advanced(qp);
   }
@@ -149,9 +148,11 @@ bool Engine::ack_through(Qp &qp, uint32_t psn) {
   return progress;
 }
 
-// una moves forward to new_una (an ACK, a READ response, an ATOMIC ACK).
+// una moves forward to new_una (an ACK, a READ response, an ATOMIC ACK):
+// a round-trip sample, and the window grows by what was acknowledged.
 void Engine::una_to(Qp &qp, uint32_t new_una) {
   rtt_sample(qp, new_una);
+  window_acked(qp, static_cast<uint32_t>(psn_diff(new_una, qp.comp.una_psn)));
   qp.comp.una_psn = new_una;
   qp.req.sel.back_wait = false;   // (what it waited for; sel_acked may wait again)
   if (qp.req.sel.on) sel_acked(qp);

@@ -231,8 +231,9 @@ class Engine {
   // Receive and execute a bounded batch, fire expired timers, transmit.
   // app: called from the application's poll, which is about to return the
   // completions this pass made and will call in again: if all the pass has
-  // to send is ACKs, they wait (once) for the next transmit, so that a
-  // reply posted at once leaves with them in one system call.
+  // to send is ACKs, they wait for the reply (the next post_send; later
+  // such passes keep them for kAckHoldNs), so that a reply posted at once
+  // leaves with them in one system call.
   // now: the caller's clock reading, if it has one (0: read it here).
   // direct: a poller's array this pass may write receive completions
   // into (DirectWc); its n is set to how many it wrote.
@@ -247,8 +248,8 @@ class Engine {
   // after the first leaves the peer spinning on its memory when our reply
   // comes (ib_write_lat), for its progress thread to take.
   static constexpr uint64_t kAckHoldNs = 10'000;
-  // A pass for the application (progress(true)) may hold its ACKs for the
-  // next transmit: whether it did, and sending them now.
+  // A pass for the application (progress(true)) may hold its ACKs for its
+  // reply: whether they are held, and sending them now.
   bool acks_held() const { return acks_held_; }
   void flush_acks() {
     if (acks_held_) tx_flush();
@@ -612,7 +613,7 @@ class Engine {
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   size_t wire_received_ = 0;     // the last progress()'s, for wire_received()
-  bool acks_held_ = false;       // progress(app) left its ACKs for the next transmit
+  bool acks_held_ = false;       // progress(app) left its ACKs for the reply
   uint64_t acks_held_at_ = 0;    // ... in a pass at this time
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;

@@ -124,9 +124,8 @@ void Context::progress_loop() {
       bool held = false;
       {
         std::lock_guard g(engine_->mu);
-        // (Packets the polling application left: a pass as its own, which
-        // holds the ACKs for its next call.)
-        const size_t received = engine_->progress(handed);
+        // (Packets the polling application left: its ACKs wait for its reply.)
+        const size_t received = engine_->progress(handed ? rc::Engine::Poller::handed : rc::Engine::Poller::thread);
         held = engine_->acks_held();
         xrc_progress();
         now = now_ns();
@@ -295,7 +294,7 @@ uint32_t Context::try_progress(const rc::Engine::DirectWc *direct, bool polling)
   const uint64_t quiet = uint64_t(Tunables::get().app_quiet_us) * 1000;
   const bool looping = prev + quiet > now;   // prev may be later (another thread)
   rc::Engine::DirectWc wc = direct ? *direct : rc::Engine::DirectWc{};
-  engine_->progress(looping, now, direct ? &wc : nullptr);
+  engine_->progress(looping ? rc::Engine::Poller::app : rc::Engine::Poller::thread, now, direct ? &wc : nullptr);
   const size_t off_nic = engine_->wire_received();
   xrc_progress();
   const uint32_t n = wc.n;

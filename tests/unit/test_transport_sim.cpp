@@ -1467,7 +1467,7 @@ TEST_CASE("a reply and the ACK it carries leave as one segmented send, whatever 
   net.advance(10'000);
   // b's application polls, finds the SEND, and answers at once: the ACK
   // waits for the answer and leaves behind it, in the same send.
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   REQUIRE(drain(b.rcq).size() == 1);
   CHECK(bn->sends.empty());
   send(b, pong);
@@ -1542,12 +1542,39 @@ TEST_CASE("an ACK held for a reply stays held through the application's next pas
   REQUIRE(a.e->post_recv(*a.qp, recv_wr(ra.data(), 64)) == 0);
   REQUIRE(a.e->post_send(*a.qp, send_wr(ping.data(), 8)) == 0);
   net.advance(10'000);
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   REQUIRE(drain(b.rcq).size() == 1);
   // A pass that receives nothing more (or only the ACK that came behind
   // the request) keeps it.
   net.advance(Engine::kAckHoldNs / 2);
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
+  CHECK(bn->sends.empty());
+  REQUIRE(b.e->post_send(*b.qp, send_wr(pong.data(), 8)) == 0);
+  REQUIRE(bn->sends.size() == 1);
+  CHECK(bn->sends[0] == std::vector<uint8_t>{uint8_t(usrc::wire::Opcode::RC_SEND_ONLY),
+                                             uint8_t(usrc::wire::Opcode::RC_ACKNOWLEDGE)});
+}
+
+// ib_write_lat with large WRITEs: the progress thread's pass for packets a
+// polling application left takes as many batches as its own passes do
+// (one batch, then a kHandNs hand-off for the next, would add microseconds
+// a WRITE), and holds the ACK for the application's reply as its poll would.
+TEST_CASE("a handed pass takes several batches and holds their ACK for the application's reply", "[sim]") {
+  GsoPair p(53, false);
+  auto &net = p.net;
+  auto &a = p.a, &b = p.b;
+  GsoNic *bn = p.gso;
+  constexpr uint32_t kLen = 48 * 1024;   // 48 packets: more than one receive batch
+  std::vector<uint8_t> src(kLen), target(kLen, 0), pong(8, 2), ra(64);
+  for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 5 + 1);
+  b.mem.regions[5] = {target.data(), 0, target.size(), kAccessRemoteWrite};
+  b.qp->attr.access = kAccessRemoteWrite;
+  REQUIRE(a.e->post_recv(*a.qp, recv_wr(ra.data(), 64)) == 0);
+  REQUIRE(a.e->post_send(*a.qp, rdma_wr(WrOpcode::rdma_write, src.data(), kLen, 0, 5)) == 0);
+  a.e->progress();
+  net.advance(10'000);
+  CHECK(b.e->progress(Engine::Poller::handed) == 48);
+  CHECK(std::equal(src.begin(), src.end(), target.begin()));
   CHECK(bn->sends.empty());
   REQUIRE(b.e->post_send(*b.qp, send_wr(pong.data(), 8)) == 0);
   REQUIRE(bn->sends.size() == 1);
@@ -1594,13 +1621,13 @@ TEST_CASE("a receiver that never replies sends its ACKs at once, not with a repl
   // the test above); b's passes keep it for kAckHoldNs, then send it.
   REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 64)) == 0);
   net.advance(10'000);
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   CHECK(bn->sends.empty());
   net.advance(Engine::kAckHoldNs - 1);
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   CHECK(bn->sends.empty());
   net.advance(1);
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   REQUIRE(bn->sends.size() == 1);
   // b posted nothing since: from now on each pass's ACK leaves in that pass.
   for (int i = 0; i < 3; i++) {
@@ -1609,7 +1636,7 @@ TEST_CASE("a receiver that never replies sends its ACKs at once, not with a repl
     REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 64)) == 0);
     a.e->progress();
     net.advance(10'000);
-    b.e->progress(true);
+    b.e->progress(Engine::Poller::app);
     REQUIRE(bn->sends.size() == 1);
     CHECK(bn->sends[0] == std::vector<uint8_t>{uint8_t(usrc::wire::Opcode::RC_ACKNOWLEDGE)});
   }
@@ -1626,7 +1653,7 @@ TEST_CASE("an ACK held for the application's reply leaves before its QP goes to 
   REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 64)) == 0);
   net.advance(10'000);
   // b's application polls and finds the message: its ACK waits for a reply.
-  b.e->progress(true);
+  b.e->progress(Engine::Poller::app);
   REQUIRE(drain(b.rcq).size() == 1);
   CHECK(bn->sends.empty());
   // No reply: the application disconnects (Error, as rdma_disconnect does).
@@ -1846,7 +1873,7 @@ TEST_CASE("the progress thread's policy hands a stopped poller's engine over wit
       p.a.e->progress();
       if (now <= stop) {   // b's application polls (its empty polls receive)
         app_polled = now;
-        p.b.e->progress(true, now);
+        p.b.e->progress(Engine::Poller::app, now);
       } else if (arm && app_polled) {   // it arms a CQ instead: app_waits()
         app_polled = 0;
         asleep = false;   // (the eventfd, as the thread watches)

@@ -600,7 +600,7 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
-size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
+size_t Engine::progress(Poller who, uint64_t now, DirectWc *to) {
   Pass pass(*this, now ? now : clock_());
   struct Direct {   // the poller's array, for this pass only
     Engine &e;
@@ -624,7 +624,7 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   // SENDs is about 2 us of work here).
   size_t received = 0;
   wire_received_ = 0;
-  for (int round = 0, rounds = app ? 1 : 4; round < rounds; round++) {
+  for (int round = 0, rounds = who == Poller::app ? 1 : 4; round < rounds; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n;) {
       if (const size_t k = fast_sends(pkts + i, n - i)) {   // (the common case)
@@ -680,7 +680,7 @@ size_t Engine::progress(bool app, uint64_t now, DirectWc *to) {
   // built, for the application's reply (its next post_send), if their QPs
   // answer what they receive (see replies()); its later passes keep them
   // for kAckHoldNs at most.
-  if (app && tx_nslots_ == 0 && !ack_list_.empty()) {
+  if (who != Poller::thread && tx_nslots_ == 0 && !ack_list_.empty()) {
     if (!acks_held_ && replies()) {
       acks_held_ = true;
       acks_held_at_ = now;

@@ -228,19 +228,28 @@ class Engine {
   // used, as an lkey checked then would.
   void invalidate_lkey(uint32_t key);
 
+  // Who runs a progress pass, and so what it does with its ACKs.
+  enum class Poller : uint8_t {
+    thread,   // the progress thread: up to four batches; ACKs sent
+    // The application's poll, which is about to return the completions
+    // this pass made and will call in again: one batch; if all the pass
+    // has to send is ACKs, they wait for the reply (the next post_send;
+    // later such passes keep them for kAckHoldNs), so that a reply posted
+    // at once leaves with them in one system call.
+    app,
+    // The progress thread, for packets a polling application left to it
+    // (a passive target spinning on its memory): up to four batches; ACKs
+    // as app's (the thread then gives the application a moment to reply).
+    handed,
+  };
   // Receive and execute a bounded batch, fire expired timers, transmit.
-  // app: called from the application's poll, which is about to return the
-  // completions this pass made and will call in again: if all the pass has
-  // to send is ACKs, they wait for the reply (the next post_send; later
-  // such passes keep them for kAckHoldNs), so that a reply posted at once
-  // leaves with them in one system call.
   // now: the caller's clock reading, if it has one (0: read it here).
   // direct: a poller's array this pass may write receive completions
   // into (DirectWc); its n is set to how many it wrote.
   // Returns how many packets it received; wire_received() how many of
   // those came off the NIC itself (not a same-host peer's ring).
   struct DirectWc;
-  size_t progress(bool app = false, uint64_t now = 0, DirectWc *direct = nullptr);
+  size_t progress(Poller who = Poller::thread, uint64_t now = 0, DirectWc *direct = nullptr);
   size_t wire_received() const { return wire_received_; }
   // Held ACKs wait this long at most for a reply while the application
   // polls on (its passes keep them): a request and the ACK that a peer's
@@ -248,8 +257,8 @@ class Engine {
   // after the first leaves the peer spinning on its memory when our reply
   // comes (ib_write_lat), for its progress thread to take.
   static constexpr uint64_t kAckHoldNs = 10'000;
-  // A pass for the application (progress(true)) may hold its ACKs for its
-  // reply: whether they are held, and sending them now.
+  // A pass for the application (Poller::app, handed) may hold its ACKs for
+  // its reply: whether they are held, and sending them now.
   bool acks_held() const { return acks_held_; }
   void flush_acks() {
     if (acks_held_) tx_flush();
@@ -613,7 +622,7 @@ class Engine {
   size_t tx_count_ = 0;          // TxPackets
   size_t tx_nslots_ = 0, tx_niov_ = 0;
   size_t wire_received_ = 0;     // the last progress()'s, for wire_received()
-  bool acks_held_ = false;       // progress(app) left its ACKs for the reply
+  bool acks_held_ = false;       // an app or handed pass left its ACKs for the reply
   uint64_t acks_held_at_ = 0;    // ... in a pass at this time
   // The last TxPacket as a GSO group: its segment size and bytes.
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;

@@ -140,6 +140,10 @@ class Nic {
   // show, or a stream whose next datagrams are likely waiting: call recv()
   // again before sleeping.
   virtual bool rx_pending() const { return false; }
+  // Of those, the ones already received from the kernel (the rest of a
+  // coalesced receive): recv() hands them out without receiving more, so a
+  // caller that calls it while this holds reaches the end of them.
+  virtual bool rx_held() const { return false; }
   // The progress thread is about to sleep on wait_fd(): false if datagrams
   // are waiting that the fd would not show (then it calls recv() instead).
   // end_wait() follows every true, once awake. Thread-safe against recv().
@@ -182,6 +186,7 @@ class NicDecorator : public Nic {
   size_t recv(std::span<RxPacket> out) override { return inner_->recv(out); }
   void rx_done() override { inner_->rx_done(); }
   bool rx_pending() const override { return inner_->rx_pending(); }
+  bool rx_held() const override { return inner_->rx_held(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }
   bool arm_wait() override { return inner_->arm_wait(); }

@@ -35,7 +35,8 @@ class UdpNic final : public Nic {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   uint32_t gso_segments() const override { return gso_segs_; }
-  bool rx_pending() const override { return rx_i_ < rx_n_ || rx_more_; }
+  bool rx_pending() const override { return rx_held() || rx_more_; }
+  bool rx_held() const override { return rx_i_ < rx_n_; }
   LocalPeers *local_peers() override { return nullptr; }
   uint32_t rcvbuf() const { return rcvbuf_; }
 

@@ -624,7 +624,7 @@ size_t Engine::progress(Poller who, uint64_t now, DirectWc *to) {
   // SENDs is about 2 us of work here).
   size_t received = 0;
   wire_received_ = 0;
-  for (int round = 0, rounds = who == Poller::app ? 1 : 4; round < rounds; round++) {
+  for (int round = 0, rounds = who == Poller::app ? 1 : 4;; round++) {
     size_t n = nic_->recv({pkts, batch});
     for (size_t i = 0; i < n;) {
       if (const size_t k = fast_sends(pkts + i, n - i)) {   // (the common case)
@@ -643,7 +643,12 @@ size_t Engine::progress(Poller who, uint64_t now, DirectWc *to) {
     if (n) nic_->rx_done();
     received += n;
     for (size_t i = 0; i < n; i++) wire_received_ += !pkts[i].trusted;
-    if (round + 1 == rounds || (n < batch && !nic_->rx_pending())) break;
+    // An application's pass leaves nothing of a receive behind: the NIC's
+    // fd does not show it, and an application that goes on to spin on its
+    // memory (a passive target, whose WRITE came as one coalesced receive)
+    // would leave it there until the sender's timer resent it.
+    if (n && who == Poller::app && nic_->rx_held()) continue;
+    if (round + 1 >= rounds || (n < batch && !nic_->rx_pending())) break;
   }
   now = pass_time_;   // timers: the pass start is recent enough
   if (now >= next_deadline_.load(std::memory_order_relaxed)) {

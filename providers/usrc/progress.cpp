@@ -94,6 +94,11 @@ void Context::progress_loop() {
   uint32_t took = 0;       // the application's passes that took some during that sleep
   uint64_t crowded_at = 0;   // when cores_crowded() was last looked at
   bool crowded = false;
+  // Keeps the core, no system call, until `until` or the application's
+  // next verbs call after `calls` (ProgressPolicy::Do::hold, held ACKs).
+  auto hold = [this](uint64_t until, uint64_t calls) {
+    while (now_ns() < until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+  };
   while (!stop_) {
     uint64_t now = now_ns();
     const uint64_t app = app_polled_.load(std::memory_order_relaxed);
@@ -104,7 +109,7 @@ void Context::progress_loop() {
     nic_woke = false;
     if (d.what == ProgressPolicy::Do::hold) {
       // (A call ends it early: the application is there to take the packets.)
-      while (now_ns() < d.until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+      hold(d.until, calls);
       continue;
     }
     const bool watch = d.what == ProgressPolicy::Do::sleep;
@@ -141,8 +146,7 @@ void Context::progress_loop() {
         // own progress thread being woken for it (on a machine whose cores
         // are all busy, each such wake-up may hand a core to another
         // process for a time slice). kHandNs at most, then they go alone.
-        const uint64_t until = now + ProgressPolicy::kHandNs;
-        while (now_ns() < until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+        hold(now + ProgressPolicy::kHandNs, calls);
         std::lock_guard g(engine_->mu);
         engine_->flush_acks();
       }

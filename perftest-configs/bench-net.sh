@@ -262,6 +262,12 @@ row() {   # row WHAT RATIO OP TARGET [DETAIL]
   printf '%-62s %8s %6s  %-4s  %s\n' "$1" "$2" "$3${4:-}" "$res" "${5:-}"
 }
 fig() { set -- $(st "$1"); echo "$1 [$2-$3]"; }   # "median [min-max]"
+# ib_read_lat reports a READ's whole round trip, ib_send_lat half of one (as
+# ib_write_lat does): the READ's round trip against the SEND's, for scale.
+rtt_row() {   # rtt_row PREFIX DIR
+  set -- "$1" $(ratios "$2/read_lat" "$2/send_lat" | awk '{ for (i = 1; i <= 3; i++) $i = $i == "NaN" ? "NaN" : sprintf("%.3f", $i / 2); print }')
+  row "$1ib_read_lat 2 B vs 2x ib_send_lat (round trips)" "$2" info "" "[$3-$4]"
+}
 {
 echo "usrc network mode: $(date -u +%Y-%m-%dT%H:%MZ), $RUNS runs per figure, $(nproc) cores"
 echo
@@ -290,6 +296,7 @@ for mtu in $MTUS; do
   row "MTU $mtu: ib_send_lat 2 B vs UDP ping-pong" $(rr $u/send_lat $q/ref/udppp) "<=" 1.2 "$(rng $u/send_lat $q/ref/udppp)"
   row "MTU $mtu: ib_write_lat 2 B vs usrc's ib_send_lat" $(rr $u/write_lat $u/send_lat) "<=" 1.5 "$(rng $u/write_lat $u/send_lat)"
   row "MTU $mtu: ib_read_lat 2 B vs usrc's ib_send_lat" $(rr $u/read_lat $u/send_lat) "<=" 1.5 "$(rng $u/read_lat $u/send_lat)"
+  rtt_row "MTU $mtu: " $u
   for t in write send read; do
     tg=0.7; [ $t = read ] && tg=0.6
     set -- $(ratios $u/${t}_bw $q/ref/gso)
@@ -332,6 +339,7 @@ done
 if [ -s "$D/lo/send_lat" ]; then
   row "lo, socket: ib_write_lat 2 B vs ib_send_lat" $(ratios lo/write_lat lo/send_lat | cut -d' ' -f1) "<=" 1.5
   row "lo, socket: ib_read_lat 2 B vs ib_send_lat" $(ratios lo/read_lat lo/send_lat | cut -d' ' -f1) "<=" 1.5
+  rtt_row "lo, socket: " lo
 fi
 echo
 echo "load average after the run: $(cut -d' ' -f1-3 /proc/loadavg); plots: $OUT/net-*.png; per-run data: $D; logs: $LOG"

@@ -903,12 +903,18 @@ TEST_CASE("a rate-limited QP is paced at its rate, neither faster nor slower", "
   CHECK(double(elapsed) <= paced * 1.05);
 }
 
-TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower", "[sim]") {
+// The floor is kLossWindow, or half the QP's window where that is less.
+TEST_CASE("a revealed loss halves the send window down to 64 packets, or half the QP's window, no lower", "[sim]") {
+  // (window, the floor it gives)
+  const auto [window, floor] = GENERATE(std::pair<uint32_t, uint32_t>{64, 32}, std::pair<uint32_t, uint32_t>{256, 64});
+  INFO("window " << window);
   net::SimFaults f;
   f.drop = 0.03;
   Pair p(21, f);
   p.a.qp->attr.timeout = 20;   // no Local ACK Timeout: only NAKs and the RTO act
   REQUIRE(p.a.qp->req.cwnd == 64);
+  ReqState &r = p.a.qp->req;
+  r.window = r.cwnd = r.ssthresh = window;
   std::vector<uint8_t> target(1 << 20, 0), src(1 << 20);
   for (size_t i = 0; i < src.size(); i++) src[i] = uint8_t(i * 13);
   p.b.mem.regions[5] = {target.data(), 0, target.size(), kAccessRemoteWrite};
@@ -923,16 +929,16 @@ TEST_CASE("a revealed loss halves the send window down to 32 packets, no lower",
     w.sge[0] = {src.data() + i * 16384, 16384};
     REQUIRE(p.a.e->post_send(*p.a.qp, w) == 0);
   }
-  uint32_t min_cwnd = p.a.qp->req.cwnd;
+  uint32_t min_cwnd = r.cwnd;
   size_t done = 0;
   REQUIRE(p.run([&] {
-    min_cwnd = std::min(min_cwnd, p.a.qp->req.cwnd);
+    min_cwnd = std::min(min_cwnd, r.cwnd);
     done += drain(p.a.scq).size();
     return done == 64;
   }));
   CHECK(p.a.e->counters[uint32_t(Counter::seq_naks_rcvd)] >= 5);
   CHECK(p.a.e->counters[uint32_t(Counter::timeouts)] == 0);
-  CHECK(min_cwnd == 32);   // halved down to 32 packets (README), never below
+  CHECK(min_cwnd == floor);   // halved down to the floor, never below
   CHECK(std::memcmp(target.data(), src.data(), src.size()) == 0);
 }
 

@@ -94,7 +94,7 @@ void Engine::implied_nak(Qp &qp) {
 
 // The send window after a loss and as ACKs arrive (ReqState::cwnd).
 void Engine::window_loss(Qp &qp, bool timeout) {
-  qp.req.ssthresh = std::max(qp.req.cwnd / 2, std::min(kLossWindow, qp.req.window));
+  qp.req.ssthresh = std::max(qp.req.cwnd / 2, std::min(kLossWindow, qp.req.window / 2));
   // Never raised by a loss: below the floor (after a timeout) it stays.
   qp.req.cwnd = timeout ? std::min(kMinWindow, qp.req.window) : std::min(qp.req.cwnd, qp.req.ssthresh);
   qp.req.cwnd_acc = 0;

@@ -189,7 +189,7 @@ struct ReqState {
   // fabric): go-back-N resends everything after a lost packet, so the
   // packets in flight are limited to cwnd <= window, halved on each loss
   // (sequence NAK, implied NAK, a first retransmission-timer expiry) down
-  // to kLossWindow, cut to kMinWindow on a timeout, grown by
+  // to kLossWindow (half the window if less), cut to kMinWindow on a timeout, grown by
   // one per acknowledged packet up to ssthresh and by one per window above.
   uint32_t cwnd = 64, ssthresh = 64, cwnd_acc = 0;
   uint32_t send_window() const { return cwnd < window ? cwnd : window; }

@@ -600,6 +600,14 @@ int Engine::post_recv(Qp &qp, const RecvWr &wr) {
   return 0;
 }
 
+// Whether a received packet starts or continues a message that it does
+// not end (the rest of it is still to come).
+static bool mid_message(const net::RxPacket &p) {
+  if (p.len < wire::kBthLen) return false;
+  const wire::OpcodeInfo *o = wire::opcode_info(wire::bth::opcode(p.data));
+  return o && !(o->mask & wire::IS_LAST);
+}
+
 size_t Engine::progress(Poller who, uint64_t now, DirectWc *to) {
   Pass pass(*this, now ? now : clock_());
   struct Direct {   // the poller's array, for this pass only
@@ -643,11 +651,14 @@ size_t Engine::progress(Poller who, uint64_t now, DirectWc *to) {
     if (n) nic_->rx_done();
     received += n;
     for (size_t i = 0; i < n; i++) wire_received_ += !pkts[i].trusted;
-    // An application's pass leaves nothing of a receive behind: the NIC's
-    // fd does not show it, and an application that goes on to spin on its
-    // memory (a passive target, whose WRITE came as one coalesced receive)
-    // would leave it there until the sender's timer resent it.
-    if (n && who == Poller::app && nic_->rx_held()) continue;
+    // An application's pass does not stop inside a message whose rest it
+    // has already taken from the kernel: the NIC's fd does not show that
+    // rest, and an application that goes on to spin on its memory (a
+    // passive target, whose WRITE came as one coalesced receive) would
+    // leave it there until the sender's timer resent it. (A stream of
+    // single-packet messages still gets one batch per poll: its ACKs and
+    // next requests leave sooner.)
+    if (n && who == Poller::app && nic_->rx_held() && mid_message(pkts[n - 1])) continue;
     if (round + 1 >= rounds || (n < batch && !nic_->rx_pending())) break;
   }
   now = pass_time_;   // timers: the pass start is recent enough

@@ -1344,9 +1344,27 @@ TEST_CASE("READ and ATOMIC access violations", "[sim]") {
   }
 }
 
-// The ICRC on same-host paths (net::Nic::same_host): left out, and a
-// missing one accepted only from this host.
-TEST_CASE("packets to a peer on this host carry no ICRC; elsewhere a missing or wrong one is dropped", "[sim]") {
+// A SEND ONLY of 64 bytes to qpn with psn, from src to dst, as anyone could
+// build it: with its ICRC, or 0 where a same-host sender leaves it out;
+// b4, BTH byte 4's bits (F, B, resv6).
+static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint dst, uint32_t qpn,
+                        uint32_t psn, bool icrc, uint8_t b4 = 0) {
+  std::vector<uint8_t> b(wire::kBthLen + 64 + wire::kIcrcLen, 0xee);
+  const uint32_t w[3] = {htonl(uint32_t(wire::Opcode::RC_SEND_ONLY) << 24 | 0xffff), htonl(qpn),
+                         htonl(0x80000000u | psn)};
+  std::memcpy(b.data(), w, sizeof w);
+  b[4] = b4;
+  iovec v{b.data(), b.size() - wire::kIcrcLen};
+  wire::store_icrc(b.data() + v.iov_len, icrc ? wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1) : 0);
+  net::SimNic nic(net, src);
+  iovec all{b.data(), b.size()};
+  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
+}
+
+// The ICRC on same-host paths (net::Nic::same_host), and between NICs that
+// checksum their datagrams (net::Nic::udp_checksummed): left out; a missing
+// one accepted only from this host, or with the peer's word over such a NIC.
+TEST_CASE("packets to a peer on this host carry no ICRC, nor to one that takes a UDP checksum for it; elsewhere a missing or wrong one is dropped", "[sim]") {
   auto icrc_of = [](const std::vector<uint8_t> &d) {
     uint32_t v = 0;
     if (d.size() >= 4) std::memcpy(&v, d.data() + d.size() - 4, 4);
@@ -1381,6 +1399,38 @@ TEST_CASE("packets to a peer on this host carry no ICRC; elsewhere a missing or 
     post_small_send(p, buf, rx, 0);
     CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
     CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] > 0);
+  }
+  SECTION("another host, both NICs checksumming their datagrams: none once the peer has said it takes that") {
+    net::SimFaults f;
+    f.corrupt = 0.05;
+    f.udp_checksum = true;
+    Pair p(24, f);
+    uint64_t marked = 0, without = 0, total = 0;
+    bool first_has = false;
+    p.net.tap = [&](const std::vector<uint8_t> &d) {
+      if (total++ == 0) first_has = icrc_of(d) != 0;
+      marked += d.size() > 4 && (d[4] & wire::bth::kIcrcOptional);
+      without += icrc_of(d) == 0;
+    };
+    send_messages(p, 100, 3000, 6);   // byte-exact despite the corruption
+    CHECK(first_has);                 // (before a word from its peer)
+    CHECK(marked == total);
+    CHECK(without > total / 2);
+    CHECK(p.net.stats.corrupted > 0);   // (caught by the checksum, not the ICRC)
+    CHECK(p.a.e->counters[uint32_t(Counter::malformed_drops)] + p.b.e->counters[uint32_t(Counter::malformed_drops)] == 0);
+  }
+  SECTION("a packet without an ICRC is dropped where the NIC checks no UDP checksum, whatever it says") {
+    Pair p(25);
+    std::vector<uint8_t> rx(128);
+    REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 128)) == 0);
+    const net::Endpoint ea = p.b.qp->attr.peer, eb = p.a.qp->attr.peer;
+    send_forged(p.net, ea, eb, p.b.qp->qpn, p.b.qp->resp.epsn, false, wire::bth::kIcrcOptional);
+    CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 1);
+    // With its ICRC it is taken: the bit is only a word to the peer.
+    send_forged(p.net, ea, eb, p.b.qp->qpn, p.b.qp->resp.epsn, true, wire::bth::kIcrcOptional);
+    CHECK(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
+    CHECK_FALSE(p.b.qp->peer_icrc_optional);
   }
 }
 
@@ -1835,21 +1885,6 @@ TEST_CASE("mixed SENDs, WRITEs and READs under seeded faults, keeping 64, 3 or n
       }
     }
   }
-}
-
-// A SEND ONLY of 64 bytes to qpn with psn, from src to dst, as anyone could
-// build it: with its ICRC, or 0 where a same-host sender leaves it out.
-static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint dst, uint32_t qpn,
-                        uint32_t psn, bool icrc) {
-  std::vector<uint8_t> b(wire::kBthLen + 64 + wire::kIcrcLen, 0xee);
-  const uint32_t w[3] = {htonl(uint32_t(wire::Opcode::RC_SEND_ONLY) << 24 | 0xffff), htonl(qpn),
-                         htonl(0x80000000u | psn)};
-  std::memcpy(b.data(), w, sizeof w);
-  iovec v{b.data(), b.size() - wire::kIcrcLen};
-  wire::store_icrc(b.data() + v.iov_len, icrc ? wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1) : 0);
-  net::SimNic nic(net, src);
-  iovec all{b.data(), b.size()};
-  REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
 }
 
 TEST_CASE("a QP takes packets only from its peer's port, or the one its flow label gives", "[sim]") {

@@ -47,8 +47,9 @@ namespace usrc {
     "Verify the ICRC of received packets (an ICRC of 0 from this host means none: see"    \
     " USRC_ICRC_LOCAL)")                                                                   \
   X(uint32_t, icrc_local, "USRC_ICRC_LOCAL", 0,                                            \
-    "Compute the ICRC for peers on this host too (0: packets that never leave the host"    \
-    " carry an ICRC of 0, as the kernel computes no checksum on loopback)")               \
+    "Compute every packet's ICRC and set no reserved BTH bit (0: packets that never leave" \
+    " the host carry an ICRC of 0, as the kernel computes no checksum on loopback, and so" \
+    " do those between two udp-backend peers, whose UDP checksum stands for it)")          \
   X(uint32_t, vendor_part_id, "USRC_VENDOR_PART_ID", 0x5553,                                \
     "vendor_part_id reported by query_device (a testing aid: tools that choose code paths"  \
     " by device id, e.g. perftest's ibv_wr_* path, can be steered onto generic paths)")

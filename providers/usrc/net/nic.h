@@ -169,6 +169,13 @@ class Nic {
   // address are such peers (the kernel routes both through the loopback
   // device, and drops such sources arriving from outside).
   virtual bool same_host(Endpoint e) const { return (e.ip >> 24) == 127 || e.ip == local().ip; }
+  // True if the datagrams it sends carry a UDP checksum and the ones it
+  // receives had theirs verified (the kernel's UDP sockets): between two
+  // such NICs the ICRC adds nothing the checksum does not cover, and the
+  // transport leaves it out once the peer says it takes that
+  // (wire::bth::kIcrcOptional). Not AF_XDP's, which sends no checksum and
+  // checks none.
+  virtual bool udp_checksummed() const { return false; }
   // The same-host short cuts (LocalPeers above), or nullptr: none. The same
   // object for the NIC's life, so callers may keep the pointer.
   virtual LocalPeers *local_peers() = 0;
@@ -187,6 +194,7 @@ class NicDecorator : public Nic {
   void rx_done() override { inner_->rx_done(); }
   bool rx_pending() const override { return inner_->rx_pending(); }
   bool rx_held() const override { return inner_->rx_held(); }
+  bool udp_checksummed() const override { return inner_->udp_checksummed(); }
   bool prepare_wait() override { return inner_->prepare_wait(); }
   void end_wait() override { inner_->end_wait(); }
   bool arm_wait() override { return inner_->arm_wait(); }

@@ -27,6 +27,7 @@ void SimNetwork::submit(Endpoint src, const TxPacket &p) {
   if (tap) tap(data);
   if (!data.empty() && chance(faults_.corrupt)) {
     stats.corrupted++;
+    if (faults_.udp_checksum) return;   // (the receiving kernel's checksum finds it)
     data[std::uniform_int_distribution<size_t>(0, data.size() - 1)(rng_)] ^= 0x5a;
   }
   int copies = chance(faults_.duplicate) ? 2 : 1;

@@ -19,6 +19,9 @@ struct SimFaults {
   double drop = 0, duplicate = 0, reorder = 0, corrupt = 0;
   uint64_t delay_ns = 1000;         // base one-way delay
   uint64_t reorder_extra_ns = 20000;// extra delay of a reordered packet
+  // Datagrams carry a UDP checksum that the receiving kernel verifies
+  // (SimNic::udp_checksummed): a corrupted one is dropped, not delivered.
+  bool udp_checksum = false;
 };
 
 class SimNetwork {
@@ -27,6 +30,7 @@ class SimNetwork {
   uint64_t now() const { return now_; }
   void advance(uint64_t ns) { now_ += ns; }
   void set_faults(const SimFaults &f) { faults_ = f; }
+  const SimFaults &faults() const { return faults_; }
   // The earliest delivery time of a packet in flight, or UINT64_MAX.
   uint64_t next_delivery() const;
   // A NIC that is partitioned away drops everything it sends and receives.
@@ -71,6 +75,7 @@ class SimNic final : public Nic, public LocalPeers {
   size_t send(std::span<const TxPacket> pkts) override;
   size_t recv(std::span<RxPacket> out) override;
   bool same_host(Endpoint) const override { return net_.loopback; }
+  bool udp_checksummed() const override { return net_.faults().udp_checksum; }
   // On a loopback network, a buffer to build datagrams in place (as the
   // shared-memory ring offers), each then sent as one with its own faults.
   bool cheap_send(Endpoint) override { return net_.loopback; }

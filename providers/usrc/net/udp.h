@@ -37,6 +37,7 @@ class UdpNic final : public Nic {
   uint32_t gso_segments() const override { return gso_segs_; }
   bool rx_pending() const override { return rx_held() || rx_more_; }
   bool rx_held() const override { return rx_i_ < rx_n_; }
+  bool udp_checksummed() const override { return true; }
   LocalPeers *local_peers() override { return nullptr; }
   uint32_t rcvbuf() const { return rcvbuf_; }
 

@@ -628,6 +628,10 @@ class Engine {
   uint32_t grp_size_ = 0, grp_bytes_ = 0, grp_max_ = 1;
   bool grp_open_ = false;
   const Tunables &tun_;          // read once (USRC_ICRC_LOCAL, USRC_DIRECT_WRITE, ...)
+  // Our packets say, and we take, that a UDP checksum stands for the ICRC
+  // (net::Nic::udp_checksummed; not with USRC_ICRC_LOCAL, which computes
+  // every ICRC and leaves the reserved bits 0).
+  const bool icrc_optional_;
   // What one receive hands out: a member, so that an empty poll does not
   // initialize a fresh array of them (1.5 KB of stores) every time.
   std::array<net::RxPacket, 64> rx_pkts_;

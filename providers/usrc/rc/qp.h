@@ -373,6 +373,10 @@ struct Qp {
   uint64_t linger_until = 0;  // 0: a live QP
 
   QpAttrs attr;
+  // The peer takes our packets without an ICRC: one of its packets said so
+  // (wire::bth::kIcrcOptional) and our NIC checksums what it sends
+  // (Engine::icrc_optional_). Cleared when the peer changes.
+  bool peer_icrc_optional = false;
 
   Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
   RecvQueue own_rq;            // (unused on an SRQ)

@@ -68,6 +68,11 @@ inline uint8_t pad_tver(const uint8_t *b) { return b[1] & 0x3f; }
 inline uint16_t pkey(const uint8_t *b) { return be::get16(b + 2); }
 inline bool fecn(const uint8_t *b) { return b[4] & 0x80; }
 inline bool becn(const uint8_t *b) { return b[4] & 0x40; }
+// Ours, the first of the resv6 bits (which receivers ignore, IBA 9.2, and
+// the ICRC masks, A16.4.1): the sender's datagrams carry a UDP checksum and
+// it takes datagrams that carry one without an ICRC (0) from its QP's peer.
+constexpr uint8_t kIcrcOptional = 0x20;
+inline bool icrc_optional(const uint8_t *b) { return b[4] & kIcrcOptional; }
 inline uint32_t qpn(const uint8_t *b) { return be::get32(b + 4) & kMask24; }
 inline bool ack_req(const uint8_t *b) { return b[8] & 0x80; }
 inline uint32_t psn(const uint8_t *b) { return be::get32(b + 8) & kMask24; }

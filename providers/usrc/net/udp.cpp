@@ -226,6 +226,12 @@ int UdpNic::refill(int fd, size_t n) {
   return r;
 }
 
+bool UdpNic::look(bool roce) {
+  uint32_t &e = empty_[roce];
+  if (!roce_ || e < kIdleLooks) return true;
+  return (e++ - kIdleLooks) % kIdleEvery == 0;
+}
+
 size_t UdpNic::recv(std::span<RxPacket> out) {
   if (rx_i_ == rx_n_) {
     // Everything handed out: the buffers may be reused. The headers are
@@ -236,13 +242,17 @@ size_t UdpNic::recv(std::span<RxPacket> out) {
     // datagram (a ping-pong) then costs one receive, not two. A full
     // receive of more than one says a stream is on: more are likely
     // waiting (rx_pending()).
-    // With the RoCE port joined, the two sockets take turns to go first.
+    // With the RoCE port joined, the two sockets take turns to go first,
+    // and a quiet one is looked at now and then (look()).
     const size_t n = std::min({out.size(), rx_msgs_.size(), rx_want_});
-    rx_roce_ = roce_ && next_roce_;
-    int r = refill(rx_roce_ ? roce_->fd() : fd_, n);
-    if (r <= 0 && roce_) {
-      rx_roce_ = !rx_roce_;
-      r = refill(rx_roce_ ? roce_->fd() : fd_, n);
+    int r = 0;
+    for (int k = 0; k < (roce_ ? 2 : 1) && r <= 0; k++) {
+      const bool roce = (roce_ && next_roce_) != (k == 1);
+      if (!look(roce)) continue;
+      rx_roce_ = roce;
+      r = refill(roce ? roce_->fd() : fd_, n);
+      if (r > 0) empty_[roce] = 0;
+      else if (empty_[roce] < kIdleLooks) empty_[roce]++;
     }
     next_roce_ = roce_ && !rx_roce_;
     if (r <= 0) return 0;

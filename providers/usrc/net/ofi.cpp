@@ -87,8 +87,8 @@ class OfiNic final : public Nic {
   bool arm_wait() override { return sock_fd_ >= 0 || wait_fd_ < 0 || try_wait(); }
   // Completions read off the CQ and not yet handed out (recv()'s caller
   // took fewer than were there): the wait fd does not show them.
-  bool rx_pending() const override { return !ready_.empty(); }
   bool rx_held() const override { return !ready_.empty(); }
+  bool rx_pending() const override { return rx_held(); }
 
   void add_peer(Endpoint e) override { (void)lookup(e); }
   LocalPeers *local_peers() override { return nullptr; }

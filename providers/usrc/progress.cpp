@@ -95,23 +95,33 @@ void Context::progress_loop() {
   uint64_t crowded_at = 0;   // when cores_crowded() was last looked at
   bool crowded = false;
   // Keeps the core, no system call, until `until` or the application's
-  // next verbs call after `calls` (ProgressPolicy::Do::hold, held ACKs).
+  // next verbs call after `calls`, or one it is in (ProgressPolicy::Do::hold,
+  // held ACKs). Returns whether the application called in.
   auto hold = [this](uint64_t until, uint64_t calls) {
-    while (now_ns() < until && app_calls_.load(std::memory_order_relaxed) == calls) cpu_relax();
+    for (;;) {
+      if (app_calls_.load(std::memory_order_relaxed) != calls || engine_->mu.held()) return true;
+      if (now_ns() >= until) return false;
+      cpu_relax();
+    }
   };
+  // The last hold ended on the application's call (which a post counts
+  // only once it is done).
+  bool called = false;
   while (!stop_) {
     uint64_t now = now_ns();
     const uint64_t app = app_polled_.load(std::memory_order_relaxed);
     const uint64_t calls = app_calls_.load(std::memory_order_relaxed);
     if (took) policy.app_took(now, took), took = 0;
     ProgressPolicy::Decision d = nic_woke ? policy.nic_woke(now, calls)
-                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd), calls);
+                                          : policy.next(now, app, policy.nic_check() && nic_ready(nic_fd), calls,
+                                                        called || engine_->mu.held());
     nic_woke = false;
     if (d.what == ProgressPolicy::Do::hold) {
       // (A call ends it early: the application is there to take the packets.)
-      hold(d.until, calls);
+      called = hold(d.until, calls);
       continue;
     }
+    called = false;
     const bool watch = d.what == ProgressPolicy::Do::sleep;
     if (watch) {
       // The application polls and runs the timers itself: until it stops,

@@ -5,7 +5,7 @@
 namespace usrc {
 
 ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled, bool nic_ready,
-                                              uint64_t app_calls) {
+                                              uint64_t app_calls, bool in_call) {
   if (!app_active(now, app_polled)) {
     looks_active_ = 0, hands_ = 0, woke_ = 0, nic_off_until_ = 0;
     return {Do::take_engine};
@@ -16,7 +16,7 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     // not being received by it (a passive target spinning on its memory):
     // the thread takes them. (Its calls cannot tell: it polls its send CQ
     // between the looks whether or not it receives.)
-    if (nic_ready && pending_seen_) {
+    if (nic_ready && pending_seen_ && !in_call) {
       pending_seen_ = false, looks_active_ = 0, hands_ = 0;
       return {Do::take_engine, 0, false, true};
     }
@@ -28,9 +28,12 @@ ProgressPolicy::Decision ProgressPolicy::next(uint64_t now, uint64_t app_polled,
     // receiving them (a passive RDMA target spinning on its memory between
     // polls of its send CQ, waiting for a WRITE that only a progress pass
     // places): the thread takes them now, not when the quiet time runs
-    // out. (Still there but it called in: a stream it keeps receiving, or
-    // posts that keep it from its next poll a while.)
-    if (nic_ready && app_calls == calls_at_wake_) {
+    // out. (Still there but it called in, or is in a call: a stream it
+    // keeps receiving, or posts that keep it from its next poll a while; a
+    // stream's sender spends most of its time inside its posts' sends,
+    // and the thread, waiting for the engine, would only take turns with
+    // it for the core.)
+    if (nic_ready && app_calls == calls_at_wake_ && !in_call) {
       woke_ = 0, looks_active_ = 0, hands_ = 0;
       return {Do::take_engine, 0, false, true};
     }

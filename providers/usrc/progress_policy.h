@@ -82,8 +82,11 @@ class ProgressPolicy {
   // thread: nic_woke) unless a stream of them showed the application
   // receiving. nic_ready: packets wait on the NIC; read only when
   // nic_check() (a system call). app_calls: the application's verbs calls
-  // so far (polls and posts), a count that only grows.
-  Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false, uint64_t app_calls = 0);
+  // so far (polls and posts), a count that only grows. in_call: the
+  // application is inside one now, holding the engine (a post whose send
+  // takes tens of microseconds of the kernel's time): it counts as a call.
+  Decision next(uint64_t now, uint64_t app_polled, bool nic_ready = false, uint64_t app_calls = 0,
+                bool in_call = false);
   bool nic_check() const { return woke_ != 0 || cfg_.no_wait_fd_poll_ns; }
 
   // A sleep from next() ended because packets arrived (the NIC's fd): the

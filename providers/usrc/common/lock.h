@@ -33,6 +33,8 @@ class Lock {
     return !v_.load(std::memory_order_relaxed) && !v_.exchange(1, std::memory_order_acquire);
   }
   void unlock() { v_.store(0, std::memory_order_release); }
+  // Whether some thread holds it now (a hint: it may change at once).
+  bool held() const { return v_.load(std::memory_order_relaxed) != 0; }
 
  private:
   void wait();

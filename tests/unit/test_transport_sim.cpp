@@ -1348,7 +1348,7 @@ TEST_CASE("READ and ATOMIC access violations", "[sim]") {
 // build it: with its ICRC, or 0 where a same-host sender leaves it out;
 // b4, BTH byte 4's bits (F, B, resv6).
 static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint dst, uint32_t qpn,
-                        uint32_t psn, bool icrc, uint8_t b4 = 0) {
+                        uint32_t psn, bool icrc, uint8_t b4 = 0, size_t behind = 0) {
   std::vector<uint8_t> b(wire::kBthLen + 64 + wire::kIcrcLen, 0xee);
   const uint32_t w[3] = {htonl(uint32_t(wire::Opcode::RC_SEND_ONLY) << 24 | 0xffff), htonl(qpn),
                          htonl(0x80000000u | psn)};
@@ -1356,6 +1356,7 @@ static void send_forged(net::SimNetwork &net, net::Endpoint src, net::Endpoint d
   b[4] = b4;
   iovec v{b.data(), b.size() - wire::kIcrcLen};
   wire::store_icrc(b.data() + v.iov_len, icrc ? wire::icrc_ipv4({src.ip, dst.ip, src.port, dst.port}, &v, 1) : 0);
+  b.resize(b.size() + behind, 0);   // (fill: wire::bth::fill)
   net::SimNic nic(net, src);
   iovec all{b.data(), b.size()};
   REQUIRE(nic.send({std::array{net::TxPacket{dst, &all, 1}}.data(), 1}) == 1);
@@ -1432,6 +1433,34 @@ TEST_CASE("packets to a peer on this host carry no ICRC, nor to one that takes a
     CHECK(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
     CHECK_FALSE(p.b.qp->peer_icrc_optional);
   }
+  SECTION("fill behind a packet is left out over a NIC that checksums, and more fill than packet is dropped") {
+    net::SimFaults f;
+    f.udp_checksum = true;
+    Pair p(26, f);
+    std::vector<uint8_t> rx(128);
+    for (int i = 0; i < 2; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 128)) == 0);
+    const net::Endpoint ea = p.b.qp->attr.peer, eb = p.a.qp->attr.peer;
+    const uint8_t b4 = wire::bth::kIcrcOptional | 3;   // 12 bytes
+    send_forged(p.net, ea, eb, p.b.qp->qpn, p.b.qp->resp.epsn, false, b4, 12);
+    std::vector<Completion> rc;
+    REQUIRE(p.run([&] { return !(rc = drain(p.b.rcq)).empty(); }, 50'000'000));
+    CHECK(rc[0].byte_len == 64);
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 0);
+    // 60 bytes of fill said on this 80-byte packet: what is left ends in
+    // payload, not in its ICRC.
+    send_forged(p.net, ea, eb, p.b.qp->qpn, p.b.qp->resp.epsn, false, wire::bth::kIcrcOptional | 0xf);
+    CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 1);
+    // A header alone that says so: more fill than datagram.
+    std::vector<uint8_t> bth(wire::kBthLen, 0);
+    bth[0] = uint8_t(wire::Opcode::RC_SEND_ONLY);
+    bth[4] = wire::bth::kIcrcOptional | 0xf;
+    iovec v{bth.data(), bth.size()};
+    net::SimNic nic(p.net, ea);
+    REQUIRE(nic.send({std::array{net::TxPacket{eb, &v, 1}}.data(), 1}) == 1);
+    CHECK_FALSE(p.run([&] { return !drain(p.b.rcq).empty(); }, 50'000'000));
+    CHECK(p.b.e->counters[uint32_t(Counter::malformed_drops)] == 2);
+  }
 }
 
 namespace {
@@ -1451,6 +1480,7 @@ struct GsoNic final : net::Nic, net::LocalPeers {
   net::Endpoint local() const override { return inner.local(); }
   int wait_fd() const override { return -1; }
   uint32_t gso_segments() const override { return segs; }
+  bool udp_checksummed() const override { return inner.udp_checksummed(); }
   bool cheap_send(net::Endpoint) override { return cheap; }
   net::LocalPeers *local_peers() override { return this; }
   // Receive as UDP GRO does: one receive takes all that waits (up to 64
@@ -1504,7 +1534,8 @@ struct GsoPair {
   net::SimNetwork net;
   Side a, b;
   GsoNic *gso;
-  GsoPair(uint64_t seed, bool gso_on_a, uint32_t a_sq = 16, uint32_t b_rq = 16) : net(seed) {
+  GsoPair(uint64_t seed, bool gso_on_a, uint32_t a_sq = 16, uint32_t b_rq = 16, net::SimFaults f = {})
+      : net(seed, f) {
     const net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
     auto clock = [this] { return net.now(); };
     auto g = std::make_unique<GsoNic>(net, gso_on_a ? ea : eb);
@@ -1693,6 +1724,90 @@ TEST_CASE("an application's pass takes the rest of a message from a coalesced re
     CHECK(p.gso->rx_held());
     CHECK(p.b.e->progress(Engine::Poller::app) == 16);
     CHECK(drain(p.b.rcq).size() == 48);
+  }
+}
+
+// ib_write_bw and ib_read_bw across hosts: a message's first packet
+// carries a RETH (WRITE) or an AETH (READ response) that the packets after
+// it do not. To a peer that takes the UDP checksum for the ICRC they are
+// filled up to its size (wire::bth::fill) and go in the same segmented
+// send; elsewhere the send ends where the size changes.
+TEST_CASE("to a peer that takes the UDP checksum for the ICRC, a message's packets go as one segment size", "[sim]") {
+  for (bool checksummed : {true, false}) {
+    INFO((checksummed ? "both NICs checksum their datagrams" : "no checksum"));
+    net::SimFaults f;
+    f.udp_checksum = checksummed;
+    GsoPair p(61, true, 16, 16, f);
+    auto &a = p.a, &b = p.b;
+    std::vector<size_t> sizes;   // of a's WRITE and READ response datagrams
+    std::vector<uint8_t> fills;
+    p.net.tap = [&](const std::vector<uint8_t> &d) {
+      const auto op = wire::Opcode(d[0]);
+      if (op < wire::Opcode::RC_WRITE_FIRST || op > wire::Opcode::RC_READ_RESPONSE_ONLY ||
+          op == wire::Opcode::RC_READ_REQUEST)
+        return;
+      sizes.push_back(d.size());
+      fills.push_back(d[4] & wire::bth::kFillMask);
+    };
+    auto settle = [&](Cq &cq) {   // until cq has a completion
+      for (int i = 0; i < 1000; i++) {
+        if (!drain(cq).empty()) return true;
+        p.net.advance(10'000);
+        a.e->progress();
+        b.e->progress();
+      }
+      return false;
+    };
+    // a hears from b (an ACK) before it sends the WRITE.
+    std::vector<uint8_t> msg(8, 1), rb(8);
+    REQUIRE(b.e->post_recv(*b.qp, recv_wr(rb.data(), 8)) == 0);
+    REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 8)) == 0);
+    REQUIRE(settle(a.scq));
+    CHECK(a.qp->peer_icrc_optional == checksummed);
+
+    constexpr uint32_t kLen = 4 * 1024;   // four packets of the path MTU
+    std::vector<uint8_t> src(kLen), target(kLen, 0), back(kLen, 0);
+    for (size_t i = 0; i < kLen; i++) src[i] = uint8_t(i * 13 + 5);
+    b.mem.regions[5] = {target.data(), 0, kLen, kAccessRemoteWrite | kAccessRemoteRead};
+    b.qp->attr.access = kAccessRemoteWrite;
+    a.mem.regions[6] = {src.data(), 0, kLen, kAccessRemoteRead};
+    a.qp->attr.access = kAccessRemoteRead;
+    p.gso->sends.clear();
+    REQUIRE(a.e->post_send(*a.qp, rdma_wr(WrOpcode::rdma_write, src.data(), kLen, 0, 5)) == 0);
+    REQUIRE(settle(a.scq));
+    CHECK(target == src);
+    // b reads it back from a: a's responses.
+    REQUIRE(b.e->post_send(*b.qp, rdma_wr(WrOpcode::rdma_read, back.data(), kLen, 0, 6)) == 0);
+    REQUIRE(settle(b.scq));
+    CHECK(back == src);
+
+    using O = wire::Opcode;
+    const auto ops = [](std::initializer_list<O> l) {
+      std::vector<uint8_t> v;
+      for (O o : l) v.push_back(uint8_t(o));
+      return v;
+    };
+    const auto &sends = p.gso->sends;
+    const size_t first = 12 + 16 + 1024 + 4, read_first = 12 + 4 + 1024 + 4;
+    REQUIRE(sizes.size() == 8);
+    if (checksummed) {
+      CHECK(std::count(sends.begin(), sends.end(),
+                       ops({O::RC_WRITE_FIRST, O::RC_WRITE_MIDDLE, O::RC_WRITE_MIDDLE,
+                            O::RC_WRITE_LAST})) == 1);
+      CHECK(std::count(sends.begin(), sends.end(),
+                       ops({O::RC_READ_RESPONSE_FIRST, O::RC_READ_RESPONSE_MIDDLE,
+                            O::RC_READ_RESPONSE_MIDDLE, O::RC_READ_RESPONSE_LAST})) == 1);
+      CHECK(std::vector<size_t>(sizes.begin(), sizes.begin() + 4) == std::vector<size_t>(4, first));
+      CHECK(std::vector<size_t>(sizes.begin() + 4, sizes.end()) == std::vector<size_t>(4, read_first));
+      CHECK(fills == std::vector<uint8_t>{0, 4, 4, 4, 0, 1, 1, 0});
+    } else {
+      CHECK(std::count(sends.begin(), sends.end(), ops({O::RC_WRITE_FIRST, O::RC_WRITE_MIDDLE})) == 1);
+      CHECK(std::count(sends.begin(), sends.end(),
+                       ops({O::RC_WRITE_MIDDLE, O::RC_WRITE_LAST})) == 1);
+      CHECK(sizes[1] == first - 16);
+      CHECK(std::count(fills.begin(), fills.end(), 0) == 8);
+    }
+    CHECK(a.e->counters[uint32_t(Counter::malformed_drops)] + b.e->counters[uint32_t(Counter::malformed_drops)] == 0);
   }
 }
 

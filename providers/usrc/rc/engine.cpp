@@ -803,6 +803,19 @@ void Engine::handle_packet(const net::RxPacket &in) {
   } else if (in.dst_port && in.len >= wire::kBthLen) {
     if (const uint32_t s = slot_of_qpn(wire::bth::qpn(in.data)); s != slot_) return roce_forward(in, s);
   }
+  // Fill behind the packet (tx_commit), from a peer whose datagrams our
+  // kernel has checksummed: left out. (Through a NIC that checks no
+  // checksum the bits are reserved ones, and a packet that relies on them
+  // fails its ICRC.)
+  if (icrc_optional_ && pp->len >= wire::kBthLen && wire::bth::icrc_optional(pp->data) && wire::bth::fill(pp->data)) {
+    if (pp->len < wire::kBthLen + wire::bth::fill(pp->data)) {
+      count(Counter::malformed_drops);
+      return;
+    }
+    if (pp != &unwrapped) unwrapped = *pp;
+    unwrapped.len -= wire::bth::fill(pp->data);
+    pp = &unwrapped;
+  }
   const net::RxPacket &pkt = *pp;
   if (fast_ack(pkt)) return;
   count(Counter::rx_packets);
@@ -915,24 +928,36 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     payload_len = 0;
     pieces = 0;
   }
-  const uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
-  // Segmentation offload: the packet joins the one before when that one
-  // takes the same path (destination, TOS, TTL, source port), is of the same
-  // size (the last of a group may be shorter), and the group still fits one
-  // UDP datagram's 64 KB.
-  net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
-  const bool join = g && grp_open_ && len <= grp_size_ && g->segs < grp_max_ &&
-                    grp_bytes_ + len <= kMaxGsoBytes && g->dst == qp.attr.peer && g->tos == qp.attr.tos &&
-                    g->ttl == qp.attr.ttl && g->src_port == qp.attr.sport;
-  // Its index in the group is the IP ID the kernel gives it, which the
-  // ICRC covers (the receiver finds it from the ICRC: wire::solve_ip_id).
-  const uint16_t seg = join ? g->segs : 0;
+  uint32_t len = static_cast<uint32_t>(hdr_len + payload_len + pad + wire::kIcrcLen);
   // To a peer on this host the ICRC is 0, not computed: the datagram never
   // leaves memory, where the kernel computes no UDP checksum either. This
   // is a third of the CPU a byte costs on loopback. Nor to a peer that
   // takes the UDP checksum for it (handle_packet), which saves a fifth of a
   // receiver's CPU and a tenth of a sender's at 4 KB packets across a veth.
   const bool icrc = tun_.icrc_local || !(qp.local.same_host || qp.peer_icrc_optional);
+  // Segmentation offload: the packet joins the one before when that one
+  // takes the same path (destination, TOS, TTL, source port), is of the same
+  // size (the last of a group may be shorter), and the group still fits one
+  // UDP datagram's 64 KB. A packet a little shorter than the segments of
+  // the group before, to a peer that takes the UDP checksum for the ICRC
+  // (and so knows our resv6 bits), is filled up to their size
+  // (wire::bth::fill), in that group or as the first of the next: a
+  // message's middle packets follow its first (which carries a RETH or
+  // AETH) in one send, and the next message's follow them, as many
+  // segments a send as the kernel's own UDP blast has.
+  net::TxPacket *g = tx_count_ ? &tx_pkts_[tx_count_ - 1] : nullptr;
+  const bool same_path = g && g->dst == qp.attr.peer && g->tos == qp.attr.tos && g->ttl == qp.attr.ttl &&
+                         g->src_port == qp.attr.sport;
+  const uint32_t fill =
+      same_path && grp_max_ > 1 && !icrc && !qp.local.same_host && len < grp_size_ &&
+              grp_size_ - len <= wire::bth::kMaxFill
+          ? grp_size_ - len
+          : 0;
+  const bool join = same_path && grp_open_ && len <= grp_size_ && g->segs < grp_max_ &&
+                    grp_bytes_ + len + fill <= kMaxGsoBytes;
+  // Its index in the group is the IP ID the kernel gives it, which the
+  // ICRC covers (the receiver finds it from the ICRC: wire::solve_ip_id).
+  const uint16_t seg = join ? g->segs : 0;
   // The ICRC covers the UDP source port (not the TOS or TTL, which it masks).
   const auto pseudo = [&] {
     wire::Ipv4Pseudo ip{nic_->local().ip, qp.attr.peer.ip, qp.attr.sport ? qp.attr.sport : nic_->local().port,
@@ -966,6 +991,12 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
     }
   }
   if (icrc_optional_) s.hdr[4] |= wire::bth::kIcrcOptional;   // (the ICRC masks it)
+  if (fill) {
+    static constexpr uint8_t kZeros[wire::bth::kMaxFill] = {};
+    s.iov[n++] = {const_cast<uint8_t *>(kZeros), fill};
+    s.hdr[4] |= uint8_t(fill / 4);
+    len += fill;
+  }
   if (join) {
     g->iovcnt += n;
     g->gso_size = static_cast<uint16_t>(grp_size_);

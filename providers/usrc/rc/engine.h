@@ -595,7 +595,7 @@ class Engine {
   // headers and trailer) with its iovecs in one flat array, so that a run of
   // equal-sized packets on the same path becomes one segmented TxPacket (UDP
   // GSO) by extending the iovecs of the one before.
-  static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 2;
+  static constexpr size_t kTxBatch = 64, kIovPerPkt = kMaxSge + 3;
   // Packets a post_send sends at once to a peer where that is cheap
   // (net::LocalPeers::cheap_send): about a shared-memory ring slot of 64 B sends.
   static constexpr size_t kTxEager = 16;

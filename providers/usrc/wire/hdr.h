@@ -73,6 +73,14 @@ inline bool becn(const uint8_t *b) { return b[4] & 0x40; }
 // it takes datagrams that carry one without an ICRC (0) from its QP's peer.
 constexpr uint8_t kIcrcOptional = 0x20;
 inline bool icrc_optional(const uint8_t *b) { return b[4] & kIcrcOptional; }
+// Ours too, the four low resv6 bits, read only beside kIcrcOptional: bytes
+// of fill behind the packet (after its ICRC), in units of 4, that make it
+// as long as the packets before it in the same segmented (GSO) send, one
+// segment size for all of a message's packets although its first carries
+// a RETH or an AETH the others do not.
+constexpr uint8_t kFillMask = 0x0f;
+constexpr uint32_t kMaxFill = 4 * kFillMask;
+inline uint32_t fill(const uint8_t *b) { return 4u * (b[4] & kFillMask); }
 inline uint32_t qpn(const uint8_t *b) { return be::get32(b + 4) & kMask24; }
 inline bool ack_req(const uint8_t *b) { return b[8] & 0x80; }
 inline uint32_t psn(const uint8_t *b) { return be::get32(b + 8) & kMask24; }

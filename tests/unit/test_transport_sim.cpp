@@ -1528,19 +1528,44 @@ struct GsoNic final : net::Nic, net::LocalPeers {
   }
 };
 
+// A peer of a build that says its UDP checksum stands for the ICRC
+// (wire::bth::kIcrcOptional) but takes no fill (no kTakesFill).
+struct NoFillNic final : net::NicDecorator {
+  explicit NoFillNic(std::unique_ptr<net::Nic> inner) : NicDecorator(std::move(inner)) {}
+  size_t send(std::span<const net::TxPacket> pkts) override {
+    size_t n = 0;
+    for (const auto &p : pkts) {
+      std::vector<uint8_t> flat;
+      for (size_t i = 0; i < p.iovcnt; i++) {
+        auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
+        flat.insert(flat.end(), b, b + p.iov[i].iov_len);
+      }
+      if (flat.size() > 4) flat[4] &= uint8_t(~wire::bth::kTakesFill);
+      iovec v{flat.data(), flat.size()};
+      net::TxPacket one = p;
+      one.iov = &v;
+      one.iovcnt = 1;
+      n += inner_->send({&one, 1});
+    }
+    return n;
+  }
+};
+
 // Two connected engines over the simulated network, one of them (a or b)
 // on a GsoNic whose sends the test reads.
 struct GsoPair {
   net::SimNetwork net;
   Side a, b;
   GsoNic *gso;
-  GsoPair(uint64_t seed, bool gso_on_a, uint32_t a_sq = 16, uint32_t b_rq = 16, net::SimFaults f = {})
+  GsoPair(uint64_t seed, bool gso_on_a, uint32_t a_sq = 16, uint32_t b_rq = 16, net::SimFaults f = {},
+          bool no_fill_peer = false)
       : net(seed, f) {
     const net::Endpoint ea{0x0a000001, Pair::kBase + 1}, eb{0x0a000002, Pair::kBase + 2};
     auto clock = [this] { return net.now(); };
     auto g = std::make_unique<GsoNic>(net, gso_on_a ? ea : eb);
     gso = g.get();
     std::unique_ptr<net::Nic> na = std::move(g), nb = std::make_unique<net::SimNic>(net, gso_on_a ? eb : ea);
+    if (no_fill_peer) nb = std::make_unique<NoFillNic>(std::move(nb));
     if (!gso_on_a) std::swap(na, nb);
     a.e = std::make_unique<Engine>(std::move(na), 1, Pair::kBase, clock, &a.mem, nullptr);
     b.e = std::make_unique<Engine>(std::move(nb), 2, Pair::kBase, clock, &b.mem, nullptr);
@@ -1731,13 +1756,15 @@ TEST_CASE("an application's pass takes the rest of a message from a coalesced re
 // carries a RETH (WRITE) or an AETH (READ response) that the packets after
 // it do not. To a peer that takes the UDP checksum for the ICRC they are
 // filled up to its size (wire::bth::fill) and go in the same segmented
-// send; elsewhere the send ends where the size changes.
+// send; elsewhere (or to a peer whose build takes no fill) the send ends
+// where the size changes.
 TEST_CASE("to a peer that takes the UDP checksum for the ICRC, a message's packets go as one segment size", "[sim]") {
-  for (bool checksummed : {true, false}) {
-    INFO((checksummed ? "both NICs checksum their datagrams" : "no checksum"));
+  for (int variant : {0, 1, 2}) {
+    const bool checksummed = variant != 1, old_peer = variant == 2;
+    INFO((variant == 0 ? "both NICs checksum their datagrams" : variant == 1 ? "no checksum" : "a peer that takes no fill"));
     net::SimFaults f;
     f.udp_checksum = checksummed;
-    GsoPair p(61, true, 16, 16, f);
+    GsoPair p(61, true, 16, 16, f, old_peer);
     auto &a = p.a, &b = p.b;
     std::vector<size_t> sizes;   // of a's WRITE and READ response datagrams
     std::vector<uint8_t> fills;
@@ -1764,6 +1791,7 @@ TEST_CASE("to a peer that takes the UDP checksum for the ICRC, a message's packe
     REQUIRE(a.e->post_send(*a.qp, send_wr(msg.data(), 8)) == 0);
     REQUIRE(settle(a.scq));
     CHECK(a.qp->peer_icrc_optional == checksummed);
+    CHECK(a.qp->peer_takes_fill == (checksummed && !old_peer));
 
     constexpr uint32_t kLen = 4 * 1024;   // four packets of the path MTU
     std::vector<uint8_t> src(kLen), target(kLen, 0), back(kLen, 0);
@@ -1790,7 +1818,7 @@ TEST_CASE("to a peer that takes the UDP checksum for the ICRC, a message's packe
     const auto &sends = p.gso->sends;
     const size_t first = 12 + 16 + 1024 + 4, read_first = 12 + 4 + 1024 + 4;
     REQUIRE(sizes.size() == 8);
-    if (checksummed) {
+    if (checksummed && !old_peer) {
       CHECK(std::count(sends.begin(), sends.end(),
                        ops({O::RC_WRITE_FIRST, O::RC_WRITE_MIDDLE, O::RC_WRITE_MIDDLE,
                             O::RC_WRITE_LAST})) == 1);

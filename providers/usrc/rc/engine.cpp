@@ -150,7 +150,7 @@ void Engine::modify(Qp &qp, const QpChange &c) {
   if (c.new_peer) {
     nic_->add_peer(qp.attr.peer);
     qp.local.same_host = nic_->same_host(qp.attr.peer);
-    qp.peer_icrc_optional = false;
+    qp.peer_icrc_optional = qp.peer_takes_fill = false;
   }
   if (c.set_rq_psn) set_rq_psn(qp, c.rq_psn);
   if (c.set_sq_psn) set_sq_psn(qp, c.sq_psn);
@@ -875,6 +875,7 @@ void Engine::handle_packet(const net::RxPacket &in) {
     return;
   }
   qp->peer_icrc_optional |= checksummed;
+  qp->peer_takes_fill |= checksummed && (pkt.data[4] & wire::bth::kTakesFill);
   if (qp->linger_until) {
     // A destroyed QP only acknowledges duplicates, for a while longer.
     if ((v.p.info->mask & wire::IS_REQUEST) && psn_lt(v.psn(), qp->resp.epsn)) {
@@ -949,7 +950,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   const bool same_path = g && g->dst == qp.attr.peer && g->tos == qp.attr.tos && g->ttl == qp.attr.ttl &&
                          g->src_port == qp.attr.sport;
   const uint32_t fill =
-      same_path && grp_max_ > 1 && !icrc && !qp.local.same_host && len < grp_size_ &&
+      same_path && grp_max_ > 1 && !icrc && qp.peer_takes_fill && !qp.local.same_host && len < grp_size_ &&
               grp_size_ - len <= wire::bth::kMaxFill
           ? grp_size_ - len
           : 0;
@@ -990,7 +991,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
       s.iov[n++] = {s.trailer, wire::kIcrcLen};
     }
   }
-  if (icrc_optional_) s.hdr[4] |= wire::bth::kIcrcOptional;   // (the ICRC masks it)
+  if (icrc_optional_) s.hdr[4] |= wire::bth::kIcrcOptional | wire::bth::kTakesFill;   // (the ICRC masks it)
   if (fill) {
     static constexpr uint8_t kZeros[wire::bth::kMaxFill] = {};
     s.iov[n++] = {const_cast<uint8_t *>(kZeros), fill};

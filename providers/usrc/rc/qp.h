@@ -377,6 +377,8 @@ struct Qp {
   // (wire::bth::kIcrcOptional) and our NIC checksums what it sends
   // (Engine::icrc_optional_). Cleared when the peer changes.
   bool peer_icrc_optional = false;
+  // ... and strips fill behind them (wire::bth::kTakesFill).
+  bool peer_takes_fill = false;
 
   Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots
   RecvQueue own_rq;            // (unused on an SRQ)

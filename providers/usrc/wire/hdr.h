@@ -77,7 +77,10 @@ inline bool icrc_optional(const uint8_t *b) { return b[4] & kIcrcOptional; }
 // of fill behind the packet (after its ICRC), in units of 4, that make it
 // as long as the packets before it in the same segmented (GSO) send, one
 // segment size for all of a message's packets although its first carries
-// a RETH or an AETH the others do not.
+// a RETH or an AETH the others do not. Sent only to a peer that set the
+// fourth bit, kTakesFill, beside kIcrcOptional (builds that set only the
+// latter take no fill).
+constexpr uint8_t kTakesFill = 0x10;
 constexpr uint8_t kFillMask = 0x0f;
 constexpr uint32_t kMaxFill = 4 * kFillMask;
 inline uint32_t fill(const uint8_t *b) { return 4u * (b[4] & kFillMask); }

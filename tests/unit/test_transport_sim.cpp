@@ -1465,6 +1465,16 @@ TEST_CASE("packets to a peer on this host carry no ICRC, nor to one that takes a
 
 namespace {
 
+// A send's iovecs as one buffer.
+std::vector<uint8_t> flatten(const net::TxPacket &p) {
+  std::vector<uint8_t> flat;
+  for (size_t i = 0; i < p.iovcnt; i++) {
+    auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
+    flat.insert(flat.end(), b, b + p.iov[i].iov_len);
+  }
+  return flat;
+}
+
 // A NIC with segmentation offload over the simulated network: it records
 // the opcodes of the segments of each send the engine makes and delivers
 // every segment as a datagram of its own.
@@ -1510,11 +1520,7 @@ struct GsoNic final : net::Nic, net::LocalPeers {
         segs = 1;   // dropped: the transport resends, one datagram each
         continue;
       }
-      std::vector<uint8_t> flat, ops;
-      for (size_t i = 0; i < p.iovcnt; i++) {
-        auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
-        flat.insert(flat.end(), b, b + p.iov[i].iov_len);
-      }
+      std::vector<uint8_t> flat = flatten(p), ops;
       const size_t seg = p.segs > 1 ? p.gso_size : flat.size();
       for (size_t off = 0; off < flat.size(); off += seg) {
         ops.push_back(flat[off]);
@@ -1535,11 +1541,7 @@ struct NoFillNic final : net::NicDecorator {
   size_t send(std::span<const net::TxPacket> pkts) override {
     size_t n = 0;
     for (const auto &p : pkts) {
-      std::vector<uint8_t> flat;
-      for (size_t i = 0; i < p.iovcnt; i++) {
-        auto *b = static_cast<const uint8_t *>(p.iov[i].iov_base);
-        flat.insert(flat.end(), b, b + p.iov[i].iov_len);
-      }
+      std::vector<uint8_t> flat = flatten(p);
       if (flat.size() > 4) flat[4] &= uint8_t(~wire::bth::kTakesFill);
       iovec v{flat.data(), flat.size()};
       net::TxPacket one = p;

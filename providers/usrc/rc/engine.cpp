@@ -807,14 +807,16 @@ void Engine::handle_packet(const net::RxPacket &in) {
   // kernel has checksummed: left out. (Through a NIC that checks no
   // checksum the bits are reserved ones, and a packet that relies on them
   // fails its ICRC.)
-  if (icrc_optional_ && pp->len >= wire::kBthLen && wire::bth::icrc_optional(pp->data) && wire::bth::fill(pp->data)) {
-    if (pp->len < wire::kBthLen + wire::bth::fill(pp->data)) {
-      count(Counter::malformed_drops);
-      return;
+  if (icrc_optional_ && pp->len >= wire::kBthLen && wire::bth::icrc_optional(pp->data)) {
+    if (const uint32_t fill = wire::bth::fill(pp->data)) {
+      if (pp->len < wire::kBthLen + fill) {
+        count(Counter::malformed_drops);
+        return;
+      }
+      if (pp != &unwrapped) unwrapped = *pp;
+      unwrapped.len -= fill;
+      pp = &unwrapped;
     }
-    if (pp != &unwrapped) unwrapped = *pp;
-    unwrapped.len -= wire::bth::fill(pp->data);
-    pp = &unwrapped;
   }
   const net::RxPacket &pkt = *pp;
   if (fast_ack(pkt)) return;
@@ -940,8 +942,9 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   // takes the same path (destination, TOS, TTL, source port), is of the same
   // size (the last of a group may be shorter), and the group still fits one
   // UDP datagram's 64 KB. A packet a little shorter than the segments of
-  // the group before, to a peer that takes the UDP checksum for the ICRC
-  // (and so knows our resv6 bits), is filled up to their size
+  // the group before, to a peer that takes fill (Qp::peer_takes_fill, which
+  // it says only beside taking the UDP checksum for the ICRC: no ICRC here
+  // either), is filled up to their size
   // (wire::bth::fill), in that group or as the first of the next: a
   // message's middle packets follow its first (which carries a RETH or
   // AETH) in one send, and the next message's follow them, as many
@@ -950,7 +953,7 @@ void Engine::tx_commit(const Qp &qp, size_t hdr_len, size_t payload_len, size_t 
   const bool same_path = g && g->dst == qp.attr.peer && g->tos == qp.attr.tos && g->ttl == qp.attr.ttl &&
                          g->src_port == qp.attr.sport;
   const uint32_t fill =
-      same_path && grp_max_ > 1 && !icrc && qp.peer_takes_fill && !qp.local.same_host && len < grp_size_ &&
+      same_path && grp_max_ > 1 && qp.peer_takes_fill && !qp.local.same_host && len < grp_size_ &&
               grp_size_ - len <= wire::bth::kMaxFill
           ? grp_size_ - len
           : 0;

@@ -377,7 +377,8 @@ struct Qp {
   // (wire::bth::kIcrcOptional) and our NIC checksums what it sends
   // (Engine::icrc_optional_). Cleared when the peer changes.
   bool peer_icrc_optional = false;
-  // ... and strips fill behind them (wire::bth::kTakesFill).
+  // ... and strips fill behind them (wire::bth::kTakesFill; set only with
+  // peer_icrc_optional).
   bool peer_takes_fill = false;
 
   Ring<SendWqe> sq;            // sq_cap + kPlacedSlack slots

@@ -193,7 +193,7 @@ size_t Engine::fast_sends(const net::RxPacket *pkts, size_t n) {
     const uint32_t hl = imm ? wire::info_of(Opcode::RC_SEND_ONLY_IMM).hdr_len
                             : wire::info_of(Opcode::RC_SEND_ONLY).hdr_len;
     if (wire::bth::tver(b) != 0 || pkt.len < hl + wire::kIcrcLen) break;   // TVer 0
-    if (b[4] & wire::bth::kFillMask) break;   // (fill: handle_packet takes it off)
+    if (wire::bth::fill(b)) break;   // (handle_packet takes it off)
     const uint32_t body = pkt.len - hl - wire::kIcrcLen, pad = wire::bth::pad(b);
     if ((body & 3) || pad > body || wire::icrc::get(b + pkt.len - wire::kIcrcLen) != 0) break;
     if (wire::bth::qpn(b) != qpn || pkt.src != src || wire::bth::psn(b) != qp->resp.epsn) break;

@@ -78,8 +78,8 @@ inline bool icrc_optional(const uint8_t *b) { return b[4] & kIcrcOptional; }
 // as long as the packets before it in the same segmented (GSO) send, one
 // segment size for all of a message's packets although its first carries
 // a RETH or an AETH the others do not. Sent only to a peer that set the
-// fourth bit, kTakesFill, beside kIcrcOptional (builds that set only the
-// latter take no fill).
+// second resv6 bit, kTakesFill, beside kIcrcOptional (builds that set only
+// the first take no fill).
 constexpr uint8_t kTakesFill = 0x10;
 constexpr uint8_t kFillMask = 0x0f;
 constexpr uint32_t kMaxFill = 4 * kFillMask;

@@ -904,9 +904,10 @@ TEST_CASE("a rate-limited QP is paced at its rate, neither faster nor slower", "
 }
 
 // The floor is kLossWindow, or half the QP's window where that is less.
-TEST_CASE("a revealed loss halves the send window down to 64 packets, or half the QP's window, no lower", "[sim]") {
+TEST_CASE("a revealed loss halves the send window down to kLossWindow packets, or half the QP's window, no lower", "[sim]") {
   // (window, the floor it gives)
-  const auto [window, floor] = GENERATE(std::pair<uint32_t, uint32_t>{64, 32}, std::pair<uint32_t, uint32_t>{256, 64});
+  const auto [window, floor] = GENERATE(std::pair<uint32_t, uint32_t>{64, 32}, std::pair<uint32_t, uint32_t>{256, 128},
+                                        std::pair<uint32_t, uint32_t>{1024, kLossWindow});
   INFO("window " << window);
   net::SimFaults f;
   f.drop = 0.03;
@@ -1066,6 +1067,41 @@ TEST_CASE("a lost packet is resent alone: the responder keeps the ones after it"
     CHECK(ctr(p.a, Counter::rto_resends) == 0);
     CHECK(p.b.qp->resp.held == 0);
   }
+}
+
+// Between two usrc peers whose NICs checksum, a sequence NAK says how many
+// PSNs are missing (wire::bth::hole): a segmented send lost whole is
+// resent at once, not one packet a round trip and then the window.
+TEST_CASE("a run of lost packets is resent at once, the NAK saying how long it is", "[sim]") {
+  net::SimFaults f;
+  f.udp_checksum = true;
+  Pair p(36, f);
+  p.a.qp->attr.timeout = 20;
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  std::vector<uint32_t> holes;   // of the sequence NAKs b sent
+  p.net.tap = [&](const std::vector<uint8_t> &d) {
+    if (d.size() >= 16 && d[0] == uint8_t(wire::Opcode::RC_ACKNOWLEDGE) && d[12] == wire::aeth_nak(wire::NAK_PSN_SEQ))
+      holes.push_back(wire::bth::hole(d.data()));
+  };
+  SECTION("one run") {
+    REQUIRE(write_losing(p, {10, 11, 12, 13, 14, 15}));
+    CHECK(holes == std::vector<uint32_t>{6});
+    CHECK(ctr(p.a, Counter::retransmits) == 6);   // those, no more
+    CHECK(ctr(p.a, Counter::selective_resends) == 1);
+  }
+  SECTION("two runs: the second NAKed once the first is taken, with its own length") {
+    REQUIRE(write_losing(p, {10, 11, 12, 20, 21}));
+    CHECK(holes == std::vector<uint32_t>{3, 2});
+    CHECK(ctr(p.a, Counter::retransmits) == 5);
+    CHECK(ctr(p.a, Counter::selective_resends) == 2);
+  }
+  SECTION("a run that ends the sending: no NAK, the probe, then the rest") {
+    REQUIRE(write_losing(p, {60, 61, 62, 63}));
+    CHECK(holes.empty());
+    CHECK(ctr(p.a, Counter::retransmits) == 4);
+  }
+  CHECK(ctr(p.a, Counter::rto_resends) == 0);
+  CHECK(p.b.qp->resp.held == 0);
 }
 
 // (A requester that goes back N may resend what such an ACK covered after

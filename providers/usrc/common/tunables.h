@@ -20,7 +20,7 @@ namespace usrc {
     " no GRO)")                                                                            \
   X(uint32_t, retransmit_cap, "USRC_RETRANSMIT_CAP", 256,                                  \
     "Max packets one QP (re)transmits per progress pass")                                  \
-  X(uint32_t, rx_hold, "USRC_RX_HOLD", 64,                                                 \
+  X(uint32_t, rx_hold, "USRC_RX_HOLD", 256,                                                \
     "Request packets a context keeps when they arrive beyond a lost one, to take in order"  \
     " once it is resent (0: none; they are dropped and resent, go-back-N; at most 1024)")  \
   X(uint32_t, busy_poll_us, "USRC_BUSY_POLL_US", 50,                                       \

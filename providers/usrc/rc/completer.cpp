@@ -358,18 +358,19 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
 // each one a duplicate at the responder).
 void Engine::rnr_resume(Qp &qp) { resend_from(qp, qp.comp.una_psn); }
 
-// psn goes again, alone where it can (resend_one: it is una, and the peer
-// keeps what follows a gap); else everything from una (which may lag psn:
+// psn goes again, alone or with the run PSNs after it, where it can
+// (resend_one: it is una, and the peer keeps what follows a gap); else everything from una (which may lag psn:
 // READ data still missing) goes back N.
-void Engine::resend_from(Qp &qp, uint32_t psn) {
-  if (qp.comp.una_psn != psn || !resend_one(qp, psn)) go_back_n(qp, qp.comp.una_psn);
+void Engine::resend_from(Qp &qp, uint32_t psn, uint32_t run) {
+  if (qp.comp.una_psn != psn || !resend_one(qp, psn, false, run)) go_back_n(qp, qp.comp.una_psn);
   requester_tx(qp);
 }
 
 // A PSN sequence NAK (the responder's class B error): everything
-// before psn is acknowledged, psn is resent (alone where the peer keeps
-// what follows a gap, resend_one; else everything from it).
-void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
+// before psn is acknowledged, psn is resent (alone, or with the rest of
+// the hole the NAK says it knows of, where the peer keeps what follows a
+// gap, resend_one; else everything from it).
+void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn, uint32_t hole) {
   count(Counter::seq_naks_rcvd);
   window_loss(qp, false);
   const bool progress = ack_through(qp, psn_add(psn, kPsnMask));
@@ -378,7 +379,7 @@ void Engine::seq_nak_rcvd(Qp &qp, uint32_t psn) {
   // there (sel_acked): nothing to do again.
   if (!progress && psn == qp.req.sel.back_psn) return;
   if (!progress && !use_retry(qp)) return;
-  resend_from(qp, psn);
+  resend_from(qp, psn, hole);
 }
 
 // Any other NAK (IBA 9.7.5.2.4, the NAK codes; the responder's class C
@@ -433,7 +434,7 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
     case wire::AckType::ack: return ack_rcvd(qp, psn, syn, v.p.h.aeth.msn);
     case wire::AckType::rnr_nak: return rnr_nak_rcvd(qp, psn, wire::aeth_value(syn));
     case wire::AckType::nak:
-      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn);
+      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn, wire::bth::hole(v.p.bth));
       return error_nak_rcvd(qp, psn, wire::aeth_value(syn));
     default: return count(Counter::malformed_drops);
   }

@@ -322,7 +322,7 @@ class Engine {
   void build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool ack_req);
   void go_back_n(Qp &qp, uint32_t psn);
   static uint64_t wqe_of(Qp &qp, uint32_t psn);
-  bool resend_one(Qp &qp, uint32_t psn, bool probe = false);
+  bool resend_one(Qp &qp, uint32_t psn, bool probe = false, uint32_t run = 1);
   void time_round_trip(Qp &qp, uint32_t psn);
   void sel_acked(Qp &qp);
   void una_to(Qp &qp, uint32_t new_una);
@@ -350,12 +350,12 @@ class Engine {
   void take_credits(Qp &qp, uint8_t syndrome, uint32_t msn);
   bool credit_wait(const Qp &qp, const SendWqe &w) const;
   void sel_go_back(Qp &qp);
-  void resend_from(Qp &qp, uint32_t psn);
+  void resend_from(Qp &qp, uint32_t psn, uint32_t run = 1);
   bool fast_ack(const net::RxPacket &pkt);
   bool use_retry(Qp &qp);
   void ack_rcvd(Qp &qp, uint32_t psn, uint8_t syndrome, uint32_t msn);
   void rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer);
-  void seq_nak_rcvd(Qp &qp, uint32_t psn);
+  void seq_nak_rcvd(Qp &qp, uint32_t psn, uint32_t hole);
   void error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code);
   // responder.cpp
   size_t fast_sends(const net::RxPacket *pkts, size_t n);
@@ -428,9 +428,9 @@ class Engine {
     qp.resp.nak_sent = false;
     if (ack_req) schedule_ack(qp);
   }
-  void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void send_ack(Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t hole = 0);
   bool ack_in_place(Qp &qp, uint8_t syndrome, uint32_t psn);
-  void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn);
+  void send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t hole = 0);
   void read_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void atomic_request(Qp &qp, const struct PacketView &p, bool duplicate);
   void send_read_responses(Qp &qp, uint32_t psn, const uint8_t *data, uint32_t len);

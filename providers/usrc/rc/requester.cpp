@@ -334,12 +334,14 @@ void Engine::build_request(Qp &qp, SendWqe &w, uint32_t psn, uint32_t next, bool
 // a gap (as ours does, Engine::hold) then has all it needs and
 // acknowledges them together, and a lost packet costs one resend, not the
 // window. One that drops them (IBA allows either) acknowledges that packet
-// alone (sel_acked). A probe (check_timers) resends una the same way; from
+// alone (sel_acked). A NAK that says how many are missing (wire::bth::hole:
+// a segmented send lost whole) has that run resent, up to the first READ,
+// ATOMIC or placed WRITE. A probe (check_timers) resends una the same way; from
 // there a READ (the rest of its piece) or an ATOMIC also goes alone: a
 // responder that has it already answers the duplicate from the request it
 // saved (IBA 9.7.5.1.4; an ATOMIC's result, never executed twice), one
 // that lost it takes it. False: go back N.
-bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
+bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe, uint32_t run) {
   if ((qp.state != QpState::rts && qp.state != QpState::sqd) || qp.comp.rnr_deadline)
     return false;   // (as requester_tx)
   if (qp.req.sel.skip && !probe) {
@@ -347,15 +349,28 @@ bool Engine::resend_one(Qp &qp, uint32_t psn, bool probe) {
     return false;
   }
   if (!psn_lt(psn, qp.req.tx_psn)) return false;   // (not sent: sending it is a go-back)
-  const uint64_t pos = wqe_of(qp, psn);
+  uint64_t pos = wqe_of(qp, psn);
   if (pos == qp.sq.tail) return false;
-  SendWqe &w = qp.sq.at(pos);
+  const SendWqe &w = qp.sq.at(pos);
   const bool rd = is_rd_atomic(w.wr.opcode);
   if ((rd && !probe) || w.placed) return false;
-  const uint32_t next = rd ? piece_end(w, psn) : psn_add(psn, 1);
-  const uint32_t last = psn_add(next, kPsnMask);   // (a READ's piece may be more than one PSN)
-  build_request(qp, w, psn, next, true);
-  count(Counter::retransmits);
+  // [psn, end): a READ's piece, or a run of SEND and WRITE packets, sent
+  // already (so in the WQEs up to tx_pos); the last asks for the ACK.
+  const auto wqe_end = [&](uint64_t p) { return psn_add(qp.sq.at(p).first_psn, qp.sq.at(p).npkts); };
+  uint32_t end = rd ? piece_end(w, psn) : psn_add(psn, 1);
+  for (uint64_t p = pos; !rd && psn_diff(end, psn) < static_cast<int32_t>(run) && psn_lt(end, qp.req.tx_psn);
+       end = psn_add(end, 1)) {
+    while (!psn_lt(end, wqe_end(p))) p++;
+    if (is_rd_atomic(qp.sq.at(p).wr.opcode) || qp.sq.at(p).placed) break;
+  }
+  for (uint32_t at = psn; at != end;) {
+    while (!psn_lt(at, wqe_end(pos))) pos++;
+    const uint32_t next = rd ? end : psn_add(at, 1);
+    build_request(qp, qp.sq.at(pos), at, next, next == end);
+    count(Counter::retransmits);
+    at = next;
+  }
+  const uint32_t last = psn_add(end, kPsnMask);   // (a READ's piece may be more than one PSN)
   qp.comp.rtt_on = false;   // (Karn, as go_back_n)
   if (probe && qp.req.sel.on && qp.req.sel.psn == last) return true;   // (a resend of the NAK's resend)
   if (!probe) count(Counter::selective_resends);

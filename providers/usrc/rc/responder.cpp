@@ -12,8 +12,8 @@ namespace usrc::rc {
 
 using wire::Opcode;
 
-void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn) {
-  if (!qp.local.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn);
+void Engine::send_ack(Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t hole) {
+  if (!qp.local.in_place || !ack_in_place(qp, syndrome, psn)) send_ack_packet(qp, syndrome, psn, hole);
   switch (wire::aeth_type(syndrome)) {
     case wire::AckType::ack: count(Counter::acks_sent); break;
     case wire::AckType::rnr_nak: count(Counter::rnr_naks_sent); break;
@@ -59,10 +59,11 @@ static wire::Headers response_headers(const Qp &qp, uint8_t op, uint32_t psn, ui
   return h;
 }
 
-void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn) {
+void Engine::send_ack_packet(Qp &qp, uint8_t syndrome, uint32_t psn, uint32_t hole) {
   const wire::Headers h = response_headers(qp, uint8_t(Opcode::RC_ACKNOWLEDGE), psn, syndrome);
   TxSlot &s = tx_slot();
   size_t hl = wire::build_headers(h, 0, s.hdr);
+  if (hole && qp.peer_icrc_optional) wire::bth::set_hole(s.hdr, hole);   // (a usrc peer: see bth::hole)
   tx_commit(qp, hl, 0, 0);
 }
 
@@ -90,10 +91,12 @@ void Engine::respond_error(Qp &qp, RespErr err, uint32_t psn) {
   switch (err) {
     case RespErr::psn_seq:
       // Class B (IBA 9.7.5.2.3): NAK once, naming the expected PSN, then
-      // take nothing until it arrives.
+      // take nothing until it arrives. psn is the packet after the gap
+      // (kept, hold), so the gap's length goes with it (wire::bth::hole).
       if (qp.resp.nak_sent) return;
       qp.resp.nak_sent = true;
-      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn);
+      send_ack(qp, wire::aeth_nak(wire::NAK_PSN_SEQ), qp.resp.epsn,
+               static_cast<uint32_t>(std::max(psn_diff(psn, qp.resp.epsn), 0)));
       return;
     case RespErr::rnr:
       // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back
@@ -278,7 +281,13 @@ void Engine::drain_held(Qp &qp) {
       took = again = true;
     }
   }
-  if (took && (qp.resp.held || qp.resp.hold_missed)) respond_error(qp, RespErr::psn_seq, qp.resp.epsn);
+  if (took && (qp.resp.held || qp.resp.hold_missed)) {
+    // (Named by the first kept one after the gap: epsn if none is kept.)
+    int32_t gap = 0;
+    for (const Held &h : held_)
+      if (h.qp == &qp && (!gap || psn_diff(h.v.psn(), qp.resp.epsn) < gap)) gap = psn_diff(h.v.psn(), qp.resp.epsn);
+    respond_error(qp, RespErr::psn_seq, psn_add(qp.resp.epsn, static_cast<uint32_t>(gap)));
+  }
   if (!qp.resp.held) qp.resp.hold_missed = false;
   if (took) ack_again_later(qp);
 }

@@ -86,6 +86,16 @@ constexpr uint32_t kMaxFill = 4 * kFillMask;
 inline uint32_t fill(const uint8_t *b) { return 4u * (b[4] & kFillMask); }
 inline uint32_t qpn(const uint8_t *b) { return be::get32(b + 4) & kMask24; }
 inline bool ack_req(const uint8_t *b) { return b[8] & 0x80; }
+// Ours, resv7 (which receivers ignore; the ICRC covers it) of a PSN
+// sequence NAK to a usrc peer (Qp::peer_icrc_optional): how many PSNs from
+// the NAK's on are missing, as far as the responder knows (it has the one
+// after them, kept), up to kMaxHole; 0: not known, as in the IBA. The
+// requester resends them at once (Engine::resend_one), not one a round trip.
+constexpr uint32_t kMaxHole = 0x7f;
+inline uint32_t hole(const uint8_t *b) { return b[8] & kMaxHole; }
+inline void set_hole(uint8_t *b, uint32_t n) {
+  b[8] = static_cast<uint8_t>((b[8] & ~kMaxHole) | (n < kMaxHole ? n : kMaxHole));
+}
 inline uint32_t psn(const uint8_t *b) { return be::get32(b + 8) & kMask24; }
 
 // The three words, for a builder that computes some of them ahead (a WQE

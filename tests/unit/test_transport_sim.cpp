@@ -812,6 +812,38 @@ TEST_CASE("end-to-end credits: no SEND goes beyond the receives the responder's 
   CHECK(ctr(p.b, Counter::duplicates) == 0);
 }
 
+// A responder that sent an RNR NAK says so, by an ACK with its credits,
+// once a receive is posted: the requester's wait ends there, not when the
+// NAK's timer (here 41 ms) runs out.
+TEST_CASE("after an RNR NAK, the ACK of the receives posted ends the requester's wait", "[sim]") {
+  Pair p(13);
+  auto ctr = [](Side &s, Counter c) { return s.e->counters[uint32_t(c)]; };
+  p.b.qp->attr.min_rnr_timer = 24;   // 40.96 ms in each RNR NAK
+  std::vector<uint8_t> tx(4 * 100), rx(4 * 128, 0);
+  for (size_t i = 0; i < tx.size(); i++) tx[i] = uint8_t(i * 3 + 7);
+  const bool acked_before = GENERATE(false, true);   // credits known before, or never told
+  std::vector<Completion> sc, rc;
+  int n = 0;
+  if (acked_before) {
+    REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data(), 128, 0)) == 0);
+    REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data(), 100, 0)) == 0);
+    REQUIRE(p.collect(sc, 1, &rc, 1));
+    n = 1;
+  }
+  for (int i = n; i < 4; i++) REQUIRE(p.a.e->post_send(*p.a.qp, send_wr(tx.data() + 100 * i, 100, i)) == 0);
+  p.run([] { return false; }, p.net.now() + 1'000'000);
+  REQUIRE(ctr(p.a, Counter::rnr_naks_rcvd) == 1);
+  const uint64_t t0 = p.net.now();
+  for (int i = n; i < 4; i++) REQUIRE(p.b.e->post_recv(*p.b.qp, recv_wr(rx.data() + 128 * i, 128, i)) == 0);
+  REQUIRE(p.collect(sc, 4, &rc, 4));
+  CHECK(p.net.now() - t0 < rnr_timer_ns(24) / 4);
+  for (int i = 0; i < 4; i++) {
+    CHECK(sc[i].status == WcStatus::success);
+    REQUIRE(std::memcmp(rx.data() + 128 * i, tx.data() + 100 * i, 100) == 0);
+  }
+  CHECK(ctr(p.a, Counter::rnr_naks_rcvd) == 1);
+}
+
 TEST_CASE("a message longer than the receive buffer fails both sides", "[sim]") {
   Pair p(8);
   std::vector<uint8_t> tx(2000, 1), rx(1000, 0);

@@ -295,7 +295,21 @@ bool Engine::use_retry(Qp &qp) {
   count(Counter::acks_rcvd);
   take_credits(qp, syndrome, msn);
   ack_through(qp, psn);
+  if (qp.comp.rnr_deadline) [[unlikely]] rnr_credits(qp);
   requester_tx(qp);
+}
+
+// During an RNR NAK's wait: an ACK whose credits grew since the NAK and now
+// take the message it named (the responder posted receives and said so,
+// Engine::post_recv_slot) ends the wait; the message goes now, not when
+// the timer the NAK asked for runs out (a receiver on a busy host that
+// reposts late would otherwise cost its sender that timer each time).
+void Engine::rnr_credits(Qp &qp) {
+  if (!qp.req.limited || !psn_lt(qp.comp.rnr_lsn, qp.req.lsn) || qp.sq.empty() ||
+      !qp.req.within_credits(qp.sq.front().ssn))
+    return;
+  qp.comp.rnr_deadline = 0;
+  rnr_resume(qp);
 }
 
 // End-to-end flow control (IBA 9.7.7.2): an ACK's MSN plus its credit
@@ -345,6 +359,7 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
   window_loss(qp, false);
   qp.comp.ack_deadline = 0;
   qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
+  qp.comp.rnr_lsn = qp.req.lsn;
   arm_timer(qp.comp.rnr_deadline);   // (requester_tx sends nothing until then)
 }
 

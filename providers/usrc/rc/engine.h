@@ -201,12 +201,16 @@ class Engine {
   void post_recv_slot(Qp &qp, uint64_t len, bool bad = false) {
     post_recv_slot(*qp.rq, len, bad);
     if (qp.state == QpState::err) flush_queues(qp);
-    if (credits_behind(qp) && receives(qp.state)) schedule_ack(qp);
+    if ((credits_behind(qp) || qp.resp.rnr_sent) && receives(qp.state)) {
+      qp.resp.rnr_sent = false;
+      schedule_ack(qp);
+    }
   }
   // A requester that waits for credits (ack_syndrome) learns of new
   // receives from a duplicate ACK (IBA 9.7.7.2) when it was told of fewer
   // than half of those posted now, not from the RNR NAK its next SEND
-  // would get.
+  // would get; one that got an RNR NAK, of the first one posted after it
+  // (its wait ends there, Engine::rnr_credits).
   static bool credits_behind(const Qp &qp) {
     return qp.resp.told_lsn != RespState::kNotTold &&
            2 * static_cast<uint32_t>(std::max(psn_diff(qp.resp.told_lsn, qp.resp.msn), 0)) < qp.rq->size();
@@ -356,6 +360,7 @@ class Engine {
   void ack_rcvd(Qp &qp, uint32_t psn, uint8_t syndrome, uint32_t msn);
   void rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer);
   void seq_nak_rcvd(Qp &qp, uint32_t psn, uint32_t hole);
+  void rnr_credits(Qp &qp);
   void error_nak_rcvd(Qp &qp, uint32_t psn, uint8_t code);
   // responder.cpp
   size_t fast_sends(const net::RxPacket *pkts, size_t n);

@@ -231,6 +231,7 @@ struct CompState {
   // (probe_armed: the timer is set for it; probed: it was made).
   bool probed = false, probe_armed = false;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
+  uint32_t rnr_lsn = 0;       // ... when ReqState::lsn was this (Engine::rnr_credits)
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
   bool sqd_drained = false;   // IBV_EVENT_SQ_DRAINED raised: once per entry into SQD
 };
@@ -263,6 +264,7 @@ struct RespState {
   bool in_msg = false;        // a multi-packet message is being received
   bool in_send = false;       //   ... and it is a SEND (else a WRITE)
   bool nak_sent = false;      // a sequence NAK for epsn was sent: wait (IBA 9.7.5.2.3, NAK once)
+  bool rnr_sent = false;      // an RNR NAK was sent: the next receive posted is told (post_recv_slot)
   uint16_t held = 0;          // requests beyond epsn kept (Engine::hold)
   bool hold_missed = false;   // ... and some not (no room): NAK after the drain
   bool ack_pending = false;   // coalesced ACK to send at the end of the pass

@@ -102,7 +102,7 @@ void Engine::respond_error(Qp &qp, RespErr err, uint32_t psn) {
       // Receiver Not Ready (IBA 9.7.5.2.8): ask the requester to come back
       // after our RNR timer; the QP stays as it is.
       send_ack(qp, wire::aeth_rnr_nak(qp.attr.min_rnr_timer), psn);
-      qp.resp.nak_sent = true;
+      qp.resp.nak_sent = qp.resp.rnr_sent = true;
       return;
     case RespErr::inv_req:
     case RespErr::rem_access:

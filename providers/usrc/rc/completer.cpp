@@ -299,13 +299,13 @@ bool Engine::use_retry(Qp &qp) {
   requester_tx(qp);
 }
 
-// During an RNR NAK's wait: an ACK whose credits grew since the NAK and now
-// take the message it named (the responder posted receives and said so,
+// During an RNR NAK's wait: an ACK whose credits grew since the NAK (or
+// came first since it, to a QP that had none) and now take the message it named (the responder posted receives and said so,
 // Engine::post_recv_slot) ends the wait; the message goes now, not when
 // the timer the NAK asked for runs out (a receiver on a busy host that
 // reposts late would otherwise cost its sender that timer each time).
 void Engine::rnr_credits(Qp &qp) {
-  if (!qp.req.limited || !psn_lt(qp.comp.rnr_lsn, qp.req.lsn) || qp.sq.empty() ||
+  if (!qp.req.limited || (qp.comp.rnr_limited && !psn_lt(qp.comp.rnr_lsn, qp.req.lsn)) || qp.sq.empty() ||
       !qp.req.within_credits(qp.sq.front().ssn))
     return;
   qp.comp.rnr_deadline = 0;
@@ -360,6 +360,7 @@ void Engine::rnr_nak_rcvd(Qp &qp, uint32_t psn, uint8_t timer) {
   qp.comp.ack_deadline = 0;
   qp.comp.rnr_deadline = clock_() + rnr_timer_ns(timer);
   qp.comp.rnr_lsn = qp.req.lsn;
+  qp.comp.rnr_limited = qp.req.limited;
   arm_timer(qp.comp.rnr_deadline);   // (requester_tx sends nothing until then)
 }
 
@@ -449,7 +450,8 @@ void Engine::completer_rx(Qp &qp, const PacketView &v) {
     case wire::AckType::ack: return ack_rcvd(qp, psn, syn, v.p.h.aeth.msn);
     case wire::AckType::rnr_nak: return rnr_nak_rcvd(qp, psn, wire::aeth_value(syn));
     case wire::AckType::nak:
-      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ) return seq_nak_rcvd(qp, psn, wire::bth::hole(v.p.bth));
+      if (wire::aeth_value(syn) == wire::NAK_PSN_SEQ)   // (the hole: only a usrc peer's, see bth::hole)
+        return seq_nak_rcvd(qp, psn, qp.peer_icrc_optional ? wire::bth::hole(v.p.bth) : 0);
       return error_nak_rcvd(qp, psn, wire::aeth_value(syn));
     default: return count(Counter::malformed_drops);
   }

@@ -191,7 +191,8 @@ void Engine::set_state(Qp &qp, QpState s) {
       qp.req.tx_pos = 0;
       qp.resp.msn = 0;
       qp.resp.told_lsn = RespState::kNotTold;
-      qp.resp.in_msg = qp.resp.nak_sent = qp.resp.ack_pending = qp.resp.comm_est = qp.local.small_run = false;
+      qp.resp.in_msg = qp.resp.nak_sent = qp.resp.rnr_sent = qp.resp.ack_pending = qp.resp.comm_est =
+          qp.local.small_run = false;
       qp.resp.tail_at_hold = ~0ull;
       qp.resp.again_at = 0;
       qp.comp.ack_deadline = qp.comp.rnr_deadline = qp.comp.rto_deadline = 0;

@@ -232,6 +232,7 @@ struct CompState {
   bool probed = false, probe_armed = false;
   uint64_t rnr_deadline = 0;  // requester paused until then after an RNR NAK
   uint32_t rnr_lsn = 0;       // ... when ReqState::lsn was this (Engine::rnr_credits)
+  bool rnr_limited = false;   // ... and ReqState::limited
   uint32_t implied_nak_psn = 0xffffffff;  // una when we last resent after a response gap
   bool sqd_drained = false;   // IBV_EVENT_SQ_DRAINED raised: once per entry into SQD
 };

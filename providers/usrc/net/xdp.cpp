@@ -119,6 +119,7 @@ class XdpNic final : public Nic {
   ~XdpNic() override {
     // The program first: no packet must be steered to a closing socket.
     prog_.reset();
+    if (xsk_tx_) xsk_socket__delete(xsk_tx_);
     if (xsk_) xsk_socket__delete(xsk_);
     if (umem_) xsk_umem__delete(umem_);
     if (sock_ >= 0) ::close(sock_);
@@ -164,7 +165,7 @@ class XdpNic final : public Nic {
       for (uint32_t i = 0; i < built; i++) *xsk_ring_prod__tx_desc(&tx_, idx + i) = out_[i];
       xsk_ring_prod__submit(&tx_, built);
       // Copy and generic modes transmit only when told to.
-      sendto(xsk_socket__fd(xsk_), nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+      sendto(xsk_socket__fd(xsk_tx_), nullptr, 0, MSG_DONTWAIT, nullptr, 0);
     }
     return built;
   }
@@ -266,7 +267,7 @@ class XdpNic final : public Nic {
       sc.rx_size = sc.tx_size = kRing;
       sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
       sc.bind_flags = m.bind;
-      if (int e = xsk_socket__create(&xsk_, netdev.c_str(), 0, umem_, &rx_, &tx_, &sc)) {
+      if (int e = xsk_socket__create(&xsk_, netdev.c_str(), 0, umem_, &rx_, nullptr, &sc)) {
         last = -e;
         why = "bind an XSK to " + netdev + " queue 0";
         xsk_ = nullptr;
@@ -277,6 +278,20 @@ class XdpNic final : public Nic {
     if (!xsk_) {
       prog_.reset();
       return fail(why + " (another XDP program or XSK there?)", last);
+    }
+    // Sending through a second socket on the same UMEM and queue: poll()
+    // on a socket with a TX ring transmits in copy mode (under the
+    // socket's mutex), so the progress thread's sleep on the receiving
+    // one would contend with every send.
+    {
+      xsk_socket_config sc{};
+      sc.rx_size = sc.tx_size = kRing;
+      sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
+      if (int e = xsk_socket__create(&xsk_tx_, netdev.c_str(), 0, umem_, nullptr, &tx_, &sc)) {
+        xsk_tx_ = nullptr;
+        prog_.reset();
+        return fail("a sending XSK on " + netdev + " queue 0", -e);
+      }
     }
     refill();
     if (int e = xsk_socket__update_xskmap(xsk_, prog_->xsks_fd())) return fail("XSKMAP update", -e);
@@ -347,7 +362,8 @@ class XdpNic final : public Nic {
   uint32_t held_ = 0;
   void *area_ = MAP_FAILED;
   xsk_umem *umem_ = nullptr;
-  xsk_socket *xsk_ = nullptr;
+  xsk_socket *xsk_ = nullptr;      // receives (the XSKMAP's)
+  xsk_socket *xsk_tx_ = nullptr;   // sends
   xsk_ring_prod fill_{}, tx_{};
   xsk_ring_cons comp_{}, rx_{};
   std::unique_ptr<Program> prog_;

@@ -164,8 +164,7 @@ class XdpNic final : public Nic {
       xsk_ring_prod__reserve(&tx_, built, &idx);   // (room was checked)
       for (uint32_t i = 0; i < built; i++) *xsk_ring_prod__tx_desc(&tx_, idx + i) = out_[i];
       xsk_ring_prod__submit(&tx_, built);
-      // Copy and generic modes transmit only when told to.
-      sendto(xsk_socket__fd(xsk_tx_), nullptr, 0, MSG_DONTWAIT, nullptr, 0);
+      kick_tx();
     }
     return built;
   }
@@ -310,6 +309,20 @@ class XdpNic final : public Nic {
       rx_frames_.pop_back();
     }
     if (k) xsk_ring_prod__submit(&fill_, k);
+  }
+
+  // Copy and generic modes transmit only when told to, and a call takes
+  // at most a batch (32 descriptors in Linux 6.x) before it says EAGAIN:
+  // told again until the ring is taken (no other thread's poll() drives
+  // the sending socket), a bounded number of times (EAGAIN also means a
+  // full completion ring or a busy device: what is left goes with the
+  // next send).
+  void kick_tx() {
+    const int fd = xsk_socket__fd(xsk_tx_);
+    for (int i = 0; i < 2 * int(kRing / 32); i++) {
+      if (sendto(fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0 || errno != EAGAIN) return;
+      if (__atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE) == tx_.cached_prod) return;
+    }
   }
 
   void reclaim_tx() {

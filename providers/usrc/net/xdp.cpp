@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <bpf/libbpf.h>
+#include <fcntl.h>
 #include <linux/bpf.h>
 #include <linux/if_xdp.h>
 #include <net/if.h>
@@ -32,14 +33,16 @@ namespace usrc::net {
 namespace {
 
 // The UMEM's frames: kRxFrames for receiving (the fill ring), kTxFrames for
-// sending. The fill ring holds no more frames than the traffic needs (from
-// kFillStart, doubled whenever a receive finds three quarters of them
+// sending. In copy mode the fill ring holds no more frames than the traffic
+// needs (from kFillStart, doubled whenever a receive finds half of them
 // used): the kernel takes its frames in order, so each frame there is used
 // once per cycle, and the first use of a frame is slow (on a guest, tens of
 // microseconds: with 2048 frames in the ring, ib_send_lat over a veth
 // reported 21-31 us for its first 1000 round trips, 4.3 later). Frames
-// given back are used again first (rx_frames_ is a stack).
-constexpr uint32_t kFrame = XSK_UMEM__DEFAULT_FRAME_SIZE, kRxFrames = 512, kTxFrames = 2048,
+// given back are used again first (rx_frames_ is a stack). In zero-copy
+// mode the driver fills its own receive ring from the fill ring (and polls
+// on while it cannot): it gets them all.
+constexpr uint32_t kFrame = XSK_UMEM__DEFAULT_FRAME_SIZE, kRxFrames = 2048, kTxFrames = 2048,
                    kFrames = kRxFrames + kTxFrames, kRing = 2048, kFillStart = 64;
 constexpr size_t kHdr = 14 + 20 + 8;                                // Ethernet, IPv4, UDP
 static_assert(kXdpMaxPayload == kFrame - XDP_PACKET_HEADROOM - kHdr);
@@ -183,7 +186,9 @@ class XdpNic final : public Nic {
     uint32_t idx = 0, n = 0;
     const uint32_t take = xsk_ring_cons__peek(&rx_, uint32_t(std::min<size_t>(out.size(), kRing)), &idx);
     given_ -= take;
-    if (take && given_ < fill_target_ / 4 && fill_target_ < kRxFrames) fill_target_ *= 2;
+    if (take && given_ < fill_target_ / 2 && fill_target_ < kRxFrames) fill_target_ *= 2;
+    // (Sends the kernel left in the ring: see kick_tx.)
+    if (__atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE) != tx_.cached_prod) kick_tx();
     for (uint32_t i = 0; i < take; i++) {
       const xdp_desc *d = xsk_ring_cons__rx_desc(&rx_, idx + i);
       rx_frames_.push_back(d->addr & ~uint64_t(kFrame - 1));
@@ -283,6 +288,7 @@ class XdpNic final : public Nic {
         xsk_ = nullptr;
         continue;
       }
+      if (m.bind == XDP_ZEROCOPY) fill_target_ = kRxFrames;
       break;
     }
     if (!xsk_) {
@@ -303,6 +309,8 @@ class XdpNic final : public Nic {
         return fail("a sending XSK on " + netdev + " queue 0", -e);
       }
     }
+    // (libxdp opens them without close-on-exec.)
+    for (xsk_socket *x : {xsk_, xsk_tx_}) fcntl(xsk_socket__fd(x), F_SETFD, FD_CLOEXEC);
     refill();
     if (int e = xsk_socket__update_xskmap(xsk_, prog_->xsks_fd())) return fail("XSKMAP update", -e);
     return 0;
@@ -325,16 +333,17 @@ class XdpNic final : public Nic {
   }
 
   // Copy and generic modes transmit only when told to, and a call takes
-  // at most a batch (32 descriptors in Linux 6.x) before it says EAGAIN:
-  // told again until the ring is taken (no other thread's poll() drives
-  // the sending socket), a bounded number of times (EAGAIN also means a
-  // full completion ring or a busy device: what is left goes with the
-  // next send).
+  // at most a batch (32 descriptors in Linux 6.x) before it says EAGAIN
+  // (EBUSY: it dropped one): told again while the kernel takes some and
+  // leaves some. What is left (a full completion ring, a busy device) goes
+  // at the next send() or recv(): no poll() drives the sending socket.
   void kick_tx() {
     const int fd = xsk_socket__fd(xsk_tx_);
     for (int i = 0; i < 2 * int(kRing / 32); i++) {
-      if (sendto(fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0 || errno != EAGAIN) return;
-      if (__atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE) == tx_.cached_prod) return;
+      const uint32_t before = __atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE);
+      if (sendto(fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0 || (errno != EAGAIN && errno != EBUSY)) return;
+      const uint32_t after = __atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE);
+      if (after == tx_.cached_prod || after == before) return;
     }
   }
 
@@ -387,7 +396,7 @@ class XdpNic final : public Nic {
   int sock_ = -1;
   uint32_t held_ = 0;
   // Frames in the kernel's hands (the fill ring's, and those received and
-  // not yet seen), and how many it is given at most (see kFillStart).
+  // not yet seen), and how many it is given at most (see kRxFrames).
   uint32_t given_ = 0, fill_target_ = kFillStart;
   void *area_ = MAP_FAILED;
   xsk_umem *umem_ = nullptr;

@@ -185,10 +185,8 @@ class XdpNic final : public Nic {
     rx_done();
     uint32_t idx = 0, n = 0;
     const uint32_t take = xsk_ring_cons__peek(&rx_, uint32_t(std::min<size_t>(out.size(), kRing)), &idx);
-    given_ -= take;
-    if (take && given_ < fill_target_ / 2 && fill_target_ < kRxFrames) fill_target_ *= 2;
-    // (Sends the kernel left in the ring: see kick_tx.)
-    if (__atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE) != tx_.cached_prod) kick_tx();
+    if (take && given() - take < fill_target_ / 2 && fill_target_ < kRxFrames) fill_target_ *= 2;
+    if (tx_left_) kick_tx();   // (sends the kernel left in the ring: see kick_tx)
     for (uint32_t i = 0; i < take; i++) {
       const xdp_desc *d = xsk_ring_cons__rx_desc(&rx_, idx + i);
       rx_frames_.push_back(d->addr & ~uint64_t(kFrame - 1));
@@ -278,10 +276,7 @@ class XdpNic final : public Nic {
         prog_ = std::move(p);
         prog_mode_ = m.xdp;
       }
-      xsk_socket_config sc{};
-      sc.rx_size = sc.tx_size = kRing;
-      sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
-      sc.bind_flags = m.bind;
+      const xsk_socket_config sc = socket_config(m.bind);
       if (int e = xsk_socket__create(&xsk_, netdev.c_str(), 0, umem_, &rx_, nullptr, &sc)) {
         last = -e;
         why = "bind an XSK to " + netdev + " queue 0";
@@ -299,15 +294,12 @@ class XdpNic final : public Nic {
     // on a socket with a TX ring transmits in copy mode (under the
     // socket's mutex), so the progress thread's sleep on the receiving
     // one would contend with every send.
-    {
-      xsk_socket_config sc{};
-      sc.rx_size = sc.tx_size = kRing;
-      sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
-      if (int e = xsk_socket__create(&xsk_tx_, netdev.c_str(), 0, umem_, nullptr, &tx_, &sc)) {
-        xsk_tx_ = nullptr;
-        prog_.reset();
-        return fail("a sending XSK on " + netdev + " queue 0", -e);
-      }
+    // (Its bind flags are the first one's: it shares that one's UMEM.)
+    const xsk_socket_config tx_sc = socket_config(0);
+    if (int e = xsk_socket__create(&xsk_tx_, netdev.c_str(), 0, umem_, nullptr, &tx_, &tx_sc)) {
+      xsk_tx_ = nullptr;
+      prog_.reset();
+      return fail("a sending XSK on " + netdev + " queue 0", -e);
     }
     // (libxdp opens them without close-on-exec.)
     for (xsk_socket *x : {xsk_, xsk_tx_}) fcntl(xsk_socket__fd(x), F_SETFD, FD_CLOEXEC);
@@ -319,12 +311,20 @@ class XdpNic final : public Nic {
  private:
   uint8_t *frame(uint64_t addr) { return static_cast<uint8_t *>(xsk_umem__get_data(area_, addr)); }
 
+  // Both XSKs' configuration (without libxdp's default program: see init).
+  static xsk_socket_config socket_config(uint16_t bind_flags) {
+    xsk_socket_config sc{};
+    sc.rx_size = sc.tx_size = kRing;
+    sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;
+    sc.bind_flags = bind_flags;
+    return sc;
+  }
+
   void refill() {
     uint32_t idx;
-    const uint32_t want = std::min<uint32_t>({fill_target_ - given_, uint32_t(rx_frames_.size()),
+    const uint32_t want = std::min<uint32_t>({fill_target_ - given(), uint32_t(rx_frames_.size()),
                                               xsk_prod_nb_free(&fill_, kRing)});
     const uint32_t k = xsk_ring_prod__reserve(&fill_, want, &idx);
-    given_ += k;
     for (uint32_t i = 0; i < k; i++) {
       *xsk_ring_prod__fill_addr(&fill_, idx + i) = rx_frames_.back();
       rx_frames_.pop_back();
@@ -339,12 +339,16 @@ class XdpNic final : public Nic {
   // at the next send() or recv(): no poll() drives the sending socket.
   void kick_tx() {
     const int fd = xsk_socket__fd(xsk_tx_);
+    tx_left_ = false;
     for (int i = 0; i < 2 * int(kRing / 32); i++) {
       const uint32_t before = __atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE);
-      if (sendto(fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0 || (errno != EAGAIN && errno != EBUSY)) return;
+      if (sendto(fd, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0) return;
+      if (errno != EAGAIN && errno != EBUSY) break;
       const uint32_t after = __atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE);
-      if (after == tx_.cached_prod || after == before) return;
+      if (after == tx_.cached_prod) return;
+      if (after == before) break;
     }
+    tx_left_ = true;
   }
 
   void reclaim_tx() {
@@ -396,8 +400,11 @@ class XdpNic final : public Nic {
   int sock_ = -1;
   uint32_t held_ = 0;
   // Frames in the kernel's hands (the fill ring's, and those received and
-  // not yet seen), and how many it is given at most (see kRxFrames).
-  uint32_t given_ = 0, fill_target_ = kFillStart;
+  // not yet seen: every receive frame not on the free stack), and how many
+  // it is given at most (see kRxFrames).
+  uint32_t given() const { return kRxFrames - uint32_t(rx_frames_.size()); }
+  uint32_t fill_target_ = kFillStart;
+  bool tx_left_ = false;   // the last kick_tx left sends in the ring
   void *area_ = MAP_FAILED;
   xsk_umem *umem_ = nullptr;
   xsk_socket *xsk_ = nullptr;      // receives (the XSKMAP's)

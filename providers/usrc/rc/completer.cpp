@@ -300,8 +300,9 @@ bool Engine::use_retry(Qp &qp) {
 }
 
 // During an RNR NAK's wait: an ACK whose credits grew since the NAK (or
-// came first since it, to a QP that had none) and now take the message it named (the responder posted receives and said so,
-// Engine::post_recv_slot) ends the wait; the message goes now, not when
+// came first since it, to a QP that had none) and now take the message it
+// named (the responder posted receives and said so, Engine::post_recv_slot)
+// ends the wait; the message goes now, not when
 // the timer the NAK asked for runs out (a receiver on a busy host that
 // reposts late would otherwise cost its sender that timer each time).
 void Engine::rnr_credits(Qp &qp) {

@@ -50,7 +50,7 @@ std::unique_ptr<net::Nic> open_nic(const DeviceConfig &cfg, uint32_t *slot, uint
       nic = std::move(u);
     } else if (cfg.backend == Backend::ofi) {
 #ifdef USRC_HAVE_OFI
-      nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, &max_payload, &e, err);
+      nic = net::open_ofi_nic(local, cfg.provider, t.rx_batch, t.sock_buf, &max_payload, &e, err);
 #else
       *err = "backend ofi: this usrc was built without libfabric (libfabric-dev)";
       return nullptr;

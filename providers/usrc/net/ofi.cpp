@@ -140,7 +140,7 @@ class OfiNic final : public Nic {
   }
 
   // Builds the endpoint; see open_ofi_nic.
-  int init(Endpoint local, const std::string &prov, uint32_t rx_batch, std::string *err) {
+  int init(Endpoint local, const std::string &prov, uint32_t rx_batch, uint32_t sock_buf, std::string *err) {
     local_ = local;
     fi_info *hints = fi_allocinfo();
     hints->ep_attr->type = FI_EP_DGRAM;
@@ -201,6 +201,12 @@ class OfiNic final : public Nic {
     if ((r = fi_enable(ep_))) return fail("fi_enable", r);
     // (The endpoint's socket joins the set when bound to the CQ.)
     if (wait_fd_ >= 0) sock_fd_ = provider_socket(wait_fd_, local);
+    // The provider leaves the socket's buffers at the system's default
+    // (net.core.rmem_default, about 200 KB): some 90 datagrams of 1 KB,
+    // fewer than two peers' send windows (64 packets each, backend.cpp).
+    // A burst beyond it was dropped, each drop costing its sender a
+    // timeout and its window. Sized as the udp backend's socket.
+    if (sock_fd_ >= 0 && sock_buf) (void)size_socket_buffers(sock_fd_, sock_buf);
     for (uint32_t s = 0; s < nrx_; s++) post_rx(s);
     for (uint32_t s = nrx_; s < nrx_ + ntx_; s++) free_tx_.push_back(s);
     return 0;
@@ -313,7 +319,7 @@ class OfiNic final : public Nic {
 }  // namespace
 
 std::unique_ptr<Nic> open_ofi_nic(Endpoint local, const std::string &prov, uint32_t rx_batch,
-                                  size_t *max_payload, int *errno_out, std::string *err) {
+                                  uint32_t sock_buf, size_t *max_payload, int *errno_out, std::string *err) {
   // libfabric's verbs provider opens every verbs device while fi_getinfo
   // holds libfabric's init lock, usrc devices included: that nested open
   // would call fi_getinfo again and deadlock. Refuse it; verbs skips us.
@@ -325,7 +331,7 @@ std::unique_ptr<Nic> open_ofi_nic(Endpoint local, const std::string &prov, uint3
   }
   auto nic = std::make_unique<OfiNic>();
   in_getinfo = true;
-  int r = nic->init(local, prov, rx_batch ? rx_batch : 32, err);
+  int r = nic->init(local, prov, rx_batch ? rx_batch : 32, sock_buf, err);
   in_getinfo = false;
   *errno_out = r < 0 ? -r : 0;
   if (r) return nullptr;

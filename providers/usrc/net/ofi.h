@@ -14,8 +14,9 @@ namespace usrc::net {
 // Opens an endpoint of libfabric provider `prov` ("udp" if empty) bound to
 // `local`. nullptr with *err set on failure; *errno_out is EADDRINUSE when the
 // port is taken (the caller then tries another slot). *max_payload is the
-// largest UDP payload the provider carries.
+// largest UDP payload the provider carries. A provider whose datagrams wait
+// in a kernel socket (udp) gets its buffers sized to sock_buf.
 std::unique_ptr<Nic> open_ofi_nic(Endpoint local, const std::string &prov, uint32_t rx_batch,
-                                  size_t *max_payload, int *errno_out, std::string *err);
+                                  uint32_t sock_buf, size_t *max_payload, int *errno_out, std::string *err);
 
 }  // namespace usrc::net

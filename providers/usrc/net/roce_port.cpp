@@ -96,11 +96,10 @@ RocePort::RocePort(uint32_t ip, uint16_t port, uint16_t slot, const std::string 
   }
   ::flock(lock_fd_, LOCK_EX);
   fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  int one = 1, pmtu = IP_PMTUDISC_DO, b = int(sock_buf);
+  int one = 1, pmtu = IP_PMTUDISC_DO;
   setsockopt(fd_, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
-  if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &b, sizeof b) != 0)
-    setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+  (void)size_socket_buffers(fd_, sock_buf);
   sockaddr_in a = to_sockaddr({ip, port});
   if (::bind(fd_, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || !update(true)) {
     *err = "UDP port " + std::to_string(port) + ": " + strerror(errno);

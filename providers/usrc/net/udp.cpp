@@ -42,12 +42,8 @@ std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t
   int pmtu = IP_PMTUDISC_DO;
   setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof pmtu);
   // Large buffers: a fast sender on loopback overflows a small receive
-  // buffer. FORCE works for root; otherwise we get net.core.*mem_max.
-  int b = static_cast<int>(sock_buf);
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &b, sizeof b) != 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
-  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &b, sizeof b) != 0)
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+  // buffer.
+  const uint32_t rcvbuf = size_socket_buffers(fd, sock_buf);
   sockaddr_in a = to_sockaddr(local);
   if (::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
     *errno_out = errno;
@@ -63,9 +59,7 @@ std::unique_ptr<UdpNic> UdpNic::open(Endpoint local, uint32_t sock_buf, uint32_t
   const bool gro = gso_segs > 1 && setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
   std::unique_ptr<UdpNic> nic(
       new UdpNic(fd, local, rx_batch ? rx_batch : 32, std::max<uint32_t>(gso_segs, 1), gro));
-  int got = 0;
-  socklen_t len = sizeof got;
-  if (getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &len) == 0) nic->rcvbuf_ = got;
+  nic->rcvbuf_ = rcvbuf;
   return nic;
 }
 

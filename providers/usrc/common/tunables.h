@@ -13,7 +13,8 @@ namespace usrc {
   X(uint32_t, ack_every, "USRC_ACK_EVERY", 16,                                             \
     "The requester asks for an ACK (AckReq) at least every this many packets")             \
   X(uint32_t, sock_buf, "USRC_SOCK_BUF", 8u << 20,                                         \
-    "UDP socket send/receive buffer in bytes (root may exceed net.core.rmem_max)")         \
+    "UDP socket send/receive buffer in bytes, the ofi udp provider's too (root may exceed"    \
+    " net.core.rmem_max)")                                                                   \
   X(uint32_t, rx_batch, "USRC_RX_BATCH", 32, "Datagrams received per recvmmsg call")       \
   X(uint32_t, gso, "USRC_GSO", 64,                                                         \
     "UDP backend: the most packets sent as one UDP GSO send, up to 64 (0 or 1: no GSO and"  \

@@ -47,6 +47,17 @@ pair "udp (B) - xdp (A) pingpong -c" ub da ibv_rc_pingpong -c -n 1000
 pair "xdp (B) - udp (A) ib_write_bw" db ua ib_write_bw -s 65536 -n 1000 -F
 grep -h "^ 65536" "$OUT.cli"
 
+# A process killed while it holds the netdev (no clean-up of its own) takes
+# its XDP program with it: the netdev is free for the next one.
+port=$(pick_port)
+ip netns exec $B timeout 60 "$USRC" exec -- ib_write_bw -d db -s 65536 -D 30 -F -p $port >"$OUT.srv" 2>&1 &
+wait_listen $B $port || fail "killed process: server did not listen"
+ip -n $B link show xb$$ | grep -q 'prog/xdp' || fail "no XDP program on xb$$ while a server runs"
+pkill -KILL -f "ib_write_bw -d db -s 65536 -D 30" ; wait $! 2>/dev/null
+for _ in $(seq 100); do ip -n $B link show xb$$ | grep -q 'prog/xdp' || break; sleep 0.1; done
+ip -n $B link show xb$$ | grep -q 'prog/xdp' && fail "a killed process left its XDP program on xb$$"
+pair "xdp-xdp pingpong after a killed process" db da ibv_rc_pingpong -c -n 1000
+
 # The peer's MAC changes under a running transfer (A on xdp, B on udp, whose
 # kernel drops frames sent to its old MAC) and A's kernel forgets the old
 # entry: the backend's neighbour cache follows the kernel's table (entry

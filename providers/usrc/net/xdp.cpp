@@ -6,9 +6,11 @@
 #include "usrc/net/neigh.h"
 
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <linux/bpf.h>
+#include <linux/if_link.h>
 #include <linux/if_xdp.h>
 #include <net/if.h>
 #include <sys/mman.h>
@@ -74,13 +76,15 @@ void route_library_messages() {
 }
 
 // Our program, opened from the bytes built into the provider, for one
-// port; attached through libxdp (its dispatcher where bpffs allows, so
-// other XDP programs may share the netdev; else alone).
+// port, and attached through a BPF link: the kernel detaches it when the
+// link's last fd closes, so a process killed before its clean-up leaves
+// nothing on the netdev (a program attached through netlink stays, and
+// every later attach there fails with EBUSY). One XDP program per
+// interface: the link is refused where another one is attached.
 class Program {
  public:
   ~Program() {
-    if (attached_) xdp_program__detach(prog_, ifindex_, mode_, 0);
-    xdp_program__close(prog_);   // (the object is ours: closed after)
+    if (link_ >= 0) ::close(link_);
     bpf_object__close(obj_);
   }
   bool open(uint16_t port, std::string *why) {
@@ -94,25 +98,21 @@ class Program {
     if (!rodata || !bpf_map__initial_value(rodata, &size) || size != sizeof be ||
         bpf_map__set_initial_value(rodata, &be, sizeof be))
       return *why = "the XDP program's port variable", false;
-    prog_ = xdp_program__from_bpf_obj(obj_, nullptr);
-    if (libxdp_get_error(prog_)) {   // (an error pointer, not null)
-      prog_ = nullptr;
-      return *why = "the XDP program in its object", false;
-    }
-    // (Its section says so, but libbpf applies that at load, after libxdp
-    // has built its dispatcher: tell libxdp now.)
-    xdp_program__set_xdp_frags_support(prog_, true);
     return true;
   }
   // 0, or the error (negative errno).
   int attach(unsigned ifindex, xdp_attach_mode mode) {
-    if (int e = xdp_program__attach(prog_, int(ifindex), mode, 0)) return e;
-    attached_ = true;
-    ifindex_ = int(ifindex);
-    mode_ = mode;
+    if (int e = bpf_object__load(obj_)) return e;
+    bpf_program *p = bpf_object__next_program(obj_, nullptr);
+    if (!p) return -ENOENT;
+    LIBBPF_OPTS(bpf_link_create_opts, lo,
+                .flags = mode == XDP_MODE_SKB ? XDP_FLAGS_SKB_MODE : XDP_FLAGS_DRV_MODE);
+    const int fd = bpf_link_create(bpf_program__fd(p), int(ifindex), BPF_XDP, &lo);
+    if (fd < 0) return fd;   // (libbpf's errors are negative errno)
+    link_ = fd;
     return 0;
   }
-  // The XSKMAP, once attached (loaded).
+  // The XSKMAP, once loaded.
   int xsks_fd() const {
     bpf_map *m = bpf_object__find_map_by_name(obj_, "usrc_xsks");
     return m ? bpf_map__fd(m) : -1;
@@ -120,10 +120,7 @@ class Program {
 
  private:
   bpf_object *obj_ = nullptr;
-  xdp_program *prog_ = nullptr;
-  bool attached_ = false;
-  int ifindex_ = 0;
-  xdp_attach_mode mode_ = XDP_MODE_UNSPEC;
+  int link_ = -1;
 };
 
 class XdpNic final : public Nic {

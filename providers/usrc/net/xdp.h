@@ -1,7 +1,7 @@
 // AF_XDP through libxdp: an XSK on queue 0 of the device's netdev receives,
-// fed by an XDP program (xdp_steer.bpf.c) that steers UDP packets for the
-// process's port to it and passes everything else on (to other programs
-// of libxdp's dispatcher, and to the kernel). Ethernet/IPv4/UDP frames are built and parsed here, with
+// fed by an XDP program (xdp_steer.bpf.c, attached through a BPF link) that
+// steers UDP packets for the process's port to it and passes everything
+// else to the kernel. Ethernet/IPv4/UDP frames are built and parsed here, with
 // DF set and IP ID 0 like the udp backend (the RoCEv2 ICRC covers both).
 #pragma once
 

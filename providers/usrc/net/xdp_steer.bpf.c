@@ -1,8 +1,7 @@
 // The XDP program of the AF_XDP backend (net/xdp.cpp), built with clang
 // -target bpf and carried inside the provider. IPv4/UDP frames for the
 // process's port, unfragmented and without IP options, go to the XSK of
-// their receive queue; everything else passes on (to the next program of
-// libxdp's dispatcher, then the kernel).
+// their receive queue; everything else passes on to the kernel.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -11,7 +10,6 @@
 
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
-#include <xdp/xdp_helpers.h>
 
 struct {
   __uint(type, BPF_MAP_TYPE_XSKMAP);
@@ -22,13 +20,6 @@ struct {
 
 // The process's UDP port, network order: set before the program is loaded.
 volatile const __u16 usrc_port = 0;
-
-// In libxdp's dispatcher: before the default priority; XDP_PASS goes on
-// to the next program.
-struct {
-  __uint(priority, 20);
-  __uint(XDP_PASS, 1);
-} XDP_RUN_CONFIG(usrc_steer);
 
 // (Multi-buffer aware: it reads the first buffer only, which holds the
 // headers; so veth allows it in native mode at any MTU. Frames larger than

@@ -148,7 +148,7 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
   while (done < pkts.size()) {
     // One sendmmsg per run of packets that leave from the same socket.
     const int fd = source_fd(pkts[done].src_port);
-    size_t n = 0;
+    size_t n = 0, staged = 0;
     while (n < tx_msgs_.size() && done + n < pkts.size() &&
            (n == 0 || pkts[done + n].src_port == pkts[done].src_port)) {
       const TxPacket &p = pkts[done + n];
@@ -157,9 +157,14 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
       h = {};
       h.msg_name = &tx_addr_[n];
       h.msg_namelen = sizeof(sockaddr_in);
-      h.msg_iov = const_cast<iovec *>(p.iov);
-      h.msg_iovlen = p.iovcnt;
       const bool gso = p.segs > 1 && p.gso_size;
+      if (gso && p.iovcnt > 1 && stage(p, n, &staged)) {
+        h.msg_iov = &tx_stage_iov_[n];
+        h.msg_iovlen = 1;
+      } else {
+        h.msg_iov = const_cast<iovec *>(p.iov);
+        h.msg_iovlen = p.iovcnt;
+      }
       if (p.tos || p.ttl || gso) {
         // Per-packet TOS and TTL (IP_TOS / IP_TTL ancillary data) and the
         // GSO segment size (UDP_SEGMENT).
@@ -211,6 +216,27 @@ size_t UdpNic::send(std::span<const TxPacket> pkts) {
     done += r;
   }
   return dgrams;
+}
+
+// Gathers p's pieces into tx_stage_ at *used (message n's one piece:
+// tx_stage_iov_[n]). False where they do not fit or a piece cannot be read
+// (the application unmapped its buffer): p then goes as its pieces, and
+// the kernel's copy fails (EFAULT) as it would have.
+bool UdpNic::stage(const TxPacket &p, size_t n, size_t *used) {
+  if (!tx_stage_) {
+    tx_stage_ = std::make_unique_for_overwrite<uint8_t[]>(kStageBytes);
+    tx_stage_iov_.resize(tx_msgs_.size());
+  }
+  uint8_t *const base = tx_stage_.get() + *used;
+  size_t len = 0;
+  for (size_t i = 0; i < p.iovcnt; i++) {
+    const iovec &v = p.iov[i];
+    if (*used + len + v.iov_len > kStageBytes || !guard::copy(base + len, v.iov_base, v.iov_len)) return false;
+    len += v.iov_len;
+  }
+  tx_stage_iov_[n] = {base, len};
+  *used += len;
+  return true;
 }
 
 int UdpNic::refill(int fd, size_t n) {

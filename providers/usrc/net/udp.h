@@ -80,6 +80,17 @@ class UdpNic final : public Nic {
   std::vector<struct mmsghdr> tx_msgs_;
   std::vector<struct sockaddr_in> tx_addr_;
   std::vector<Cmsg> tx_cmsg_;
+  // Each GSO send's pieces (every packet's headers, payload and trailer)
+  // gathered into one piece: the kernel copies a send piece by piece, at a
+  // cost per piece above that of a copy here (a GSO send of 60 packets of
+  // 1 KB across a veth: 21-29 us from 180 pieces, 12-17 us gathered first).
+  // One sendmmsg's sends lie one after the other in tx_stage_, which holds
+  // an engine's transmit batch of the largest packets (allocated at the
+  // first GSO send); a send that does not fit goes as its pieces.
+  static constexpr size_t kStageBytes = 64 * kMaxDatagram;
+  std::unique_ptr<uint8_t[]> tx_stage_;
+  std::vector<iovec> tx_stage_iov_;
+  bool stage(const TxPacket &p, size_t n, size_t *used);
   std::vector<std::pair<uint16_t, int>> src_fds_;   // source port -> socket
   int source_fd(uint16_t port);
 };
